@@ -1,0 +1,3 @@
+from cbcert.cli import main
+
+main()

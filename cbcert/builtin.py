@@ -1,0 +1,98 @@
+"""The embedded default world: the procedural generator plus the shipped trained classifiers.
+
+Weights live in ``cbcert/models/weights/<preset>/`` (an orbax checkpoint and a manifest of
+sha256 hashes, checked at load time). ``certify train world`` re-creates them from a seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from cbcert import checkpoint
+from cbcert.generators.world import WorldConfig, make_world
+from cbcert.models.world_nets import HEADS, NetConfig, WorldClassifiers
+from cbcert.pipeline import World
+
+WEIGHTS_DIR = Path(__file__).parent / "models" / "weights"
+
+
+def weights_path(preset: str) -> Path:
+    """Directory of the shipped weights of a world preset."""
+    return WEIGHTS_DIR / preset
+
+
+def net_config_for(config: WorldConfig) -> NetConfig:
+    """Classifier architecture for a world configuration."""
+    return NetConfig(num_classes=config.num_classes, num_concepts=config.num_concepts)
+
+
+def abstract_classifiers(net_config: NetConfig):
+    """``(graphdef, state)`` of the classifiers without allocating weights."""
+    model = nnx.eval_shape(lambda: WorldClassifiers(net_config, rngs=nnx.Rngs(0)))
+    return nnx.split(model)
+
+
+def classifier_functions(graphdef, state):
+    """Pure ``classify(params, x, names)`` and ``concept_scores(params, x)`` for the engine."""
+
+    def module(params) -> WorldClassifiers:
+        s = jax.tree.map(lambda v: v, state)
+        nnx.replace_by_pure_dict(s, params)
+        return nnx.merge(graphdef, s)
+
+    def classify(params, x, names):
+        return module(params).heads(x, tuple(names))
+
+    def concept_scores(params, x):
+        return module(params).concept_scores(x)
+
+    return classify, concept_scores
+
+
+def load_builtin(preset: str = "default", weights: str | Path | None = None) -> World:
+    """Load a built-in world preset with its trained classifiers.
+
+    Args:
+      preset: world preset (``WorldConfig.from_preset``).
+      weights: checkpoint directory; default the shipped one for ``preset``.
+    Raises:
+      ValueError (``CheckpointError``) if the weights are missing, corrupted or do not match.
+    """
+    config = WorldConfig.from_preset(preset)
+    path = Path(weights) if weights is not None else weights_path(preset)
+    if not (path / checkpoint.MANIFEST).is_file():
+        raise checkpoint.CheckpointError(
+            f"no trained weights for world preset {preset!r} at {path}; "
+            f"train them with `certify train world --preset {preset}`"
+        )
+    net_config = net_config_for(config)
+    graphdef, state = abstract_classifiers(net_config)
+    target = nnx.to_pure_dict(state)
+    params, manifest = checkpoint.load(path, target)
+    if manifest.get("world_config") != _config_dict(config):
+        raise checkpoint.CheckpointError(
+            f"{path}: weights were trained for world {manifest.get('world_config')}, "
+            f"not for preset {preset!r}"
+        )
+    world = make_world(config)
+    classify, concept_scores = classifier_functions(graphdef, state)
+    return World(
+        name=f"builtin:{preset}",
+        generator=world.generator,
+        classify=classify,
+        concept_scores=concept_scores,
+        classifier_params=params,
+        model_names=HEADS,
+        class_names=world.class_names,
+        true_label=world.label_of,
+        metadata={"weights": str(path), "metrics": manifest.get("metrics", {})},
+    )
+
+
+def _config_dict(config) -> dict:
+    from dataclasses import asdict
+
+    return asdict(config)

@@ -1,0 +1,135 @@
+"""Exact binomial confidence bounds and tests for Monte Carlo certification.
+
+All functions work in float64 on host, are vectorised over integer counts (numpy broadcasting)
+and follow Cohen, Rosenfeld & Kolter, "Certified adversarial robustness via randomized
+smoothing" (ICML 2019): one-sided Clopper–Pearson bounds for CERTIFY, a two-sided exact binomial
+test at 1/2 for PREDICT.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import special, stats
+
+
+def check_alpha(alpha: float, name: str = "alpha") -> float:
+    """Return ``alpha`` as a float after checking it lies in the open interval (0, 1)."""
+    value = float(alpha)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{name}={alpha} is not a valid error level; allowed range is (0, 1)")
+    return value
+
+
+def check_counts(
+    successes: np.ndarray | int, trials: np.ndarray | int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validate and broadcast binomial counts ``0 <= successes <= trials``, ``trials >= 1``.
+
+    Returns both as int64 arrays of the broadcast shape. Raises ValueError naming the first
+    offending value.
+    """
+    k = np.asarray(successes)
+    n = np.asarray(trials)
+    for name, arr in (("successes", k), ("trials", n)):
+        if arr.size and not np.all(np.isfinite(arr) & (arr == np.round(arr))):
+            bad = arr[~(np.isfinite(arr) & (arr == np.round(arr)))].flat[0].item()
+            raise ValueError(f"{name}={bad!r} is not an integer count")
+    k, n = np.broadcast_arrays(k.astype(np.int64), n.astype(np.int64))
+    if np.any(n < 1):
+        raise ValueError(f"trials={n[n < 1].flat[0].item()} is invalid; allowed range is >= 1")
+    bad = (k < 0) | (k > n)
+    if np.any(bad):
+        raise ValueError(
+            f"successes={k[bad].flat[0].item()} is outside the allowed range "
+            f"[0, trials={n[bad].flat[0].item()}]"
+        )
+    return k, n
+
+
+def clopper_pearson_lower(
+    successes: np.ndarray | int, trials: np.ndarray | int, alpha: float
+) -> np.ndarray:
+    """One-sided Clopper–Pearson lower bound on a binomial proportion at level ``1 - alpha``.
+
+    ``p_lower = Beta⁻¹(alpha; k, n - k + 1)``, with the exact edge cases ``p_lower = 0`` for
+    ``k = 0`` and ``p_lower = alpha**(1/n)`` for ``k = n``. Equal to
+    ``statsmodels.stats.proportion.proportion_confint(k, n, alpha=2 * alpha, method="beta")[0]``,
+    the bound used by Cohen et al. (2019), ``core.py``.
+
+    Args:
+      successes: integer counts ``k``, any shape broadcastable with ``trials``.
+      trials: integer numbers of samples ``n >= 1``.
+      alpha: error level in (0, 1).
+
+    Returns:
+      float64 array of the broadcast shape.
+
+    >>> float(clopper_pearson_lower(1000, 1000, 0.001))  # 0.001 ** (1/1000)
+    0.9931160484209337
+    """
+    alpha = check_alpha(alpha)
+    k, n = check_counts(successes, trials)
+    shape_a = np.maximum(k, 1)  # keeps the unused k = 0 branch away from an invalid Beta(0, .)
+    interior = special.betaincinv(shape_a, n - shape_a + 1, alpha)
+    saturated = np.power(alpha, 1.0 / n)
+    return np.where(k == 0, 0.0, np.where(k == n, saturated, interior))
+
+
+def clopper_pearson_upper(
+    successes: np.ndarray | int, trials: np.ndarray | int, alpha: float
+) -> np.ndarray:
+    """One-sided Clopper–Pearson upper bound on a binomial proportion at level ``1 - alpha``.
+
+    ``p_upper = Beta⁻¹(1 - alpha; k + 1, n - k)`` (computed as the complementary inverse at
+    ``alpha``), exact edge cases ``p_upper = 1`` for
+    ``k = n`` and ``p_upper = 1 - alpha**(1/n)`` for ``k = 0`` (computed as ``-expm1`` so that
+    small bounds keep their relative precision). Equal to ``proportion_confint(k, n,
+    alpha=2 * alpha, method="beta")[1]``.
+
+    Args/Returns: as :func:`clopper_pearson_lower`.
+
+    >>> round(float(clopper_pearson_upper(0, 1000, 0.001)), 6)
+    0.006884
+    """
+    alpha = check_alpha(alpha)
+    k, n = check_counts(successes, trials)
+    shape_k = np.minimum(k, n - 1)  # keeps the unused k = n branch away from Beta(., 0)
+    # The complementary inverse avoids forming 1 - alpha, which rounds for small alpha.
+    interior = special.betainccinv(shape_k + 1, n - shape_k, alpha)
+    zero_successes = -np.expm1(np.log(alpha) / n)
+    return np.where(k == n, 1.0, np.where(k == 0, zero_successes, interior))
+
+
+def binomial_test_half(successes: np.ndarray | int, trials: np.ndarray | int) -> np.ndarray:
+    """Two-sided exact binomial test p-value of ``k`` successes in ``n`` trials against p = 1/2.
+
+    The null distribution is symmetric, so the p-value of ``scipy.stats.binomtest(k, n, 0.5)``
+    (sum of the probabilities of all outcomes no more likely than ``k``) has the closed form
+    ``min(1, 2 · P[Bin(n, 1/2) <= min(k, n - k)])``, which vectorises. This is the test of
+    Cohen et al. (2019) ``PREDICT`` on the top two counts ``(nA, nA + nB)``.
+
+    Returns:
+      float64 array of the broadcast shape, values in (0, 1].
+
+    >>> float(binomial_test_half(5, 10))
+    1.0
+    """
+    k, n = check_counts(successes, trials)
+    return np.minimum(1.0, 2.0 * stats.binom.cdf(np.minimum(k, n - k), n, 0.5))
+
+
+def bonferroni_split(alpha: float, num_bounds: int) -> float:
+    """Error level for each of ``num_bounds`` bounds computed from the same samples.
+
+    By the union bound, ``num_bounds`` statements each holding with probability ``1 - alpha /
+    num_bounds`` hold jointly with probability ``>= 1 - alpha``. The two-class certificates
+    (top-class lower bound and runner-up upper bound from one set of estimation counts) use
+    ``num_bounds = 2``.
+
+    >>> bonferroni_split(0.001, 2)
+    0.0005
+    """
+    alpha = check_alpha(alpha)
+    if int(num_bounds) != num_bounds or num_bounds < 1:
+        raise ValueError(f"num_bounds={num_bounds} is invalid; allowed range is integers >= 1")
+    return alpha / int(num_bounds)

@@ -1,0 +1,404 @@
+"""Certification runs: input pool → agreement set → Monte Carlo counts → certificates → records.
+
+A run certifies (or smoothly predicts) every requested model on the same inputs under the same
+noise (SPEC §4). Per-input records are appended to ``records.jsonl`` as each batch of inputs
+finishes (as locuslab/smoothing's ``certify.py`` writes one line per input); a rerun with the
+same output directory skips finished inputs, and because the noise of sample j of input i is a
+function of ``(seed, i, j)`` only, the resumed run's records and summary equal an uninterrupted
+run's. Analysis (``summarize_records``) is separate from sampling.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from cbcert.certify import metrics
+from cbcert.certify.cohen import ABSTAIN, certify_counts, predict_counts
+from cbcert.certify.hamming import BernoulliHammingRadius, FixedFlipHammingRadius
+from cbcert.certify.l2 import L2Radius
+from cbcert.engine.keys import STREAM_ESTIMATE, STREAM_SELECT, stream_key
+from cbcert.engine.noise import BernoulliFlips, FixedFlips, Gaussian
+from cbcert.engine.sampler import count_classes
+
+# Streams of the root key besides the engine's selection/estimation streams.
+STREAM_POOL = 2
+RECORDS = "records.jsonl"
+SUMMARY = "summary.json"
+RUN = "run.json"
+
+
+class RunMismatchError(ValueError):
+    """The output directory holds a run with different settings."""
+
+
+@dataclass(frozen=True)
+class CertifyJob:
+    """Settings of one certification run (everything that determines its results).
+
+    Attributes:
+      noise: ``gaussian`` (latent space, scale σ), ``bernoulli`` (concept flips, ρ) or
+        ``fixed`` (exactly m concept flips).
+      scale: σ, ρ or m.
+      mode: ``certify`` (Cohen CERTIFY) or ``predict`` (Cohen PREDICT, abstaining).
+      n0: selection samples (certify only); n: estimation / prediction samples; alpha: error level.
+      two_class: two-class bound with the runner-up (α split between both bounds).
+      models: model names, evaluated on the same noisy images.
+      seed: root seed; num_inputs: inputs certified (taken from the agreement set, in pool order).
+      batch: inputs per engine call (a unit of progress and of resumption).
+      dtype: compute dtype of generator and classifiers (``float32`` or ``bfloat16``).
+    """
+
+    noise: Literal["gaussian", "bernoulli", "fixed"]
+    scale: float
+    mode: Literal["certify", "predict"] = "certify"
+    n0: int = 100
+    n: int = 1000
+    alpha: float = 0.001
+    two_class: bool = False
+    models: tuple[str, ...] = ("std", "cbm", "proto")
+    seed: int = 0
+    num_inputs: int = 100
+    batch: int = 10
+    dtype: str = "float32"
+
+    @property
+    def space(self) -> str:
+        return "latent" if self.noise == "gaussian" else "concept"
+
+    @property
+    def hamming(self) -> bool:
+        return self.space == "concept"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The agreement set of a generated input pool (SPEC §3).
+
+    Attributes:
+      indices: ``[M]`` pool indices where ``f_std`` and ``f_cbm`` agree on the clean image.
+      labels: ``[M]`` the shared clean prediction, the reference label.
+      true_labels: ``[M]`` ground-truth classes when the world knows them, else None.
+      latents: ``[M, d]`` their latents.
+      pool_size: how many latents were generated to find them.
+    """
+
+    indices: np.ndarray
+    labels: np.ndarray
+    true_labels: np.ndarray | None
+    latents: np.ndarray
+    pool_size: int
+
+
+def pool_latents(world, seed: int, start: int, count: int) -> np.ndarray:
+    """Latents ``z_i ~ N(0, I)``, i in ``[start, start + count)``: ``[count, d]``.
+
+    ``z_i`` is drawn from ``fold_in(fold_in(root, STREAM_POOL), i)``, so the pool is the same
+    whatever its size or the block in which an index is generated.
+    """
+    key = stream_key(jax.random.key(seed), STREAM_POOL)
+    d = world.generator.latent_dim
+    draw = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (d,)))
+    return np.asarray(draw(np.arange(start, start + count)))
+
+
+def agreement_pool(
+    world,
+    seed: int,
+    num_inputs: int,
+    *,
+    space: str = "latent",
+    block: int = 256,
+    max_pool: int | None = None,
+) -> Pool:
+    """First ``num_inputs`` pool inputs on which ``std`` and ``cbm`` agree on the clean image.
+
+    For concept-space runs the clean image is the autoencoded ``g2(D(E(g1(z))))`` (SPEC §1).
+    Raises ValueError if fewer are found among ``max_pool`` (default ``20 · num_inputs``) latents.
+    """
+    max_pool = max_pool or max(20 * num_inputs, block)
+    params = world.params
+    gen = world.generator
+
+    @jax.jit
+    def clean_predictions(z):
+        x = (
+            gen.image(params["gen"], z)
+            if space == "latent"
+            else gen.image_from_concepts(params["gen"], gen.concepts(params["gen"], z))
+        )
+        return np.argmax(world.classify(params["clf"], x, ("std", "cbm")), axis=-1)  # [B, 2]
+
+    found_idx, found_lab, found_z = [], [], []
+    start = 0
+    while sum(map(len, found_idx)) < num_inputs and start < max_pool:
+        z = pool_latents(world, seed, start, block)
+        pred = np.asarray(clean_predictions(z))
+        agree = np.flatnonzero(pred[:, 0] == pred[:, 1])
+        found_idx.append(start + agree)
+        found_lab.append(pred[agree, 0])
+        found_z.append(z[agree])
+        start += block
+    indices = np.concatenate(found_idx)[:num_inputs]
+    if len(indices) < num_inputs:
+        raise ValueError(
+            f"only {len(indices)} of {start} generated inputs have std and cbm agreeing; "
+            f"--inputs {num_inputs} is too many"
+        )
+    latents = np.concatenate(found_z)[:num_inputs]
+    true = None
+    if world.true_label is not None:
+        true = np.asarray(world.true_label(params["gen"], latents))
+    return Pool(
+        indices=indices,
+        labels=np.concatenate(found_lab)[:num_inputs],
+        true_labels=true,
+        latents=latents,
+        pool_size=start,
+    )
+
+
+def radius_rule(job: CertifyJob, num_concepts: int):
+    """The radius rule of a job's noise: L2 (σ), Bernoulli Hamming (ρ, K) or fixed flips (m, K)."""
+    if job.noise == "gaussian":
+        return L2Radius(job.scale)
+    if job.noise == "bernoulli":
+        return BernoulliHammingRadius(job.scale, num_concepts)
+    return FixedFlipHammingRadius(int(job.scale), num_concepts)
+
+
+def noise_model(job: CertifyJob, num_concepts: int):
+    """The engine noise model of a job."""
+    if job.noise == "gaussian":
+        return Gaussian()
+    if job.noise == "bernoulli":
+        return BernoulliFlips(num_concepts)
+    return FixedFlips(num_concepts)
+
+
+def _job_dict(job: CertifyJob, world) -> dict[str, Any]:
+    return {"job": {**asdict(job), "models": list(job.models)}, "world": world.name}
+
+
+def _read_records(path: Path) -> list[dict]:
+    """Complete JSONL records; a torn last line (crash mid-write) is dropped from the file."""
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    complete = raw[: raw.rfind(b"\n") + 1]
+    if len(complete) != len(raw):
+        path.write_bytes(complete)
+    return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+
+
+def _check_run_dir(out: Path, job: CertifyJob, world) -> None:
+    meta = _job_dict(job, world)
+    run_file = out / RUN
+    if run_file.exists():
+        previous = json.loads(run_file.read_text())
+        if {k: previous.get(k) for k in meta} != meta:
+            raise RunMismatchError(
+                f"--out {out} holds a run with different settings ({previous.get('job')}); "
+                "use another --out or delete it"
+            )
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        import cbcert
+
+        run_file.write_text(
+            json.dumps(
+                {
+                    **meta,
+                    "versions": {"cbcert": cbcert.__version__, "jax": jax.__version__},
+                    "devices": [str(d) for d in jax.devices()],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+
+def run(
+    world,
+    job: CertifyJob,
+    out: str | Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
+) -> dict[str, Any]:
+    """Certify (or predict) every model of ``job`` on the agreement pool; resumable.
+
+    Writes ``run.json`` (settings), appends ``records.jsonl`` (one line per input and model:
+    index, model, label, true_label, prediction, count_top, count_runner_up, p_lower, p_upper
+    or p_value, radius, correct, seconds) and finally ``summary.json``. ``seconds`` is the wall
+    time of the input's batch divided by its size (all models share the generated images).
+
+    Returns the summary dict (per model metrics).
+    """
+    out = Path(out)
+    _check_run_dir(out, job, world)
+    records_path = out / RECORDS
+    records = _read_records(records_path)
+    done = {(r["index"], r["model"]) for r in records}
+
+    k = world.generator.num_concepts
+    pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space)
+    todo = [
+        n
+        for n in range(job.num_inputs)
+        if any((int(pool.indices[n]), m) not in done for m in job.models)
+    ]
+
+    params = world.params
+    if job.dtype == "bfloat16":
+        params = jax.tree.map(
+            lambda a: a.astype("bfloat16") if np.issubdtype(a.dtype, np.floating) else a, params
+        )
+    if job.space == "latent":
+        apply_fn, inputs = world.latent_apply(job.models), pool.latents
+    else:
+        apply_fn = world.concept_apply(job.models)
+        inputs = np.asarray(jax.jit(world.encode_latents)(world.params, pool.latents))
+    noise = noise_model(job, k)
+    rule = radius_rule(job, k) if job.mode == "certify" else None
+    root = jax.random.key(job.seed)
+    common = dict(
+        num_classes=world.num_classes,
+        chunk_size=chunk_size,
+        max_memory=max_memory,
+        progress=False,
+        dtype="bfloat16" if job.dtype == "bfloat16" else None,
+    )
+
+    finished = job.num_inputs - len(todo)
+    if progress:
+        progress(finished, job.num_inputs)
+    with records_path.open("a") as sink:
+        for b in range(0, len(todo), job.batch):
+            rows = np.asarray(todo[b : b + job.batch])
+            idx = pool.indices[rows]
+            start = time.perf_counter()
+            counts = count_classes(
+                apply_fn,
+                params,
+                inputs[rows],
+                noise,
+                job.scale,
+                stream_key(root, STREAM_ESTIMATE),
+                job.n,
+                indices=idx,
+                **common,
+            )
+            if job.mode == "certify":
+                counts0 = count_classes(
+                    apply_fn,
+                    params,
+                    inputs[rows],
+                    noise,
+                    job.scale,
+                    stream_key(root, STREAM_SELECT),
+                    job.n0,
+                    indices=idx,
+                    **common,
+                )
+            seconds = (time.perf_counter() - start) / len(rows)
+            for h, model in enumerate(job.models):
+                if job.mode == "certify":
+                    result = certify_counts(
+                        counts0[:, h], counts[:, h], job.alpha, rule, two_class=job.two_class
+                    )
+                    extra = {
+                        "p_lower": result.p_lower,
+                        "p_upper": result.p_upper,
+                        "radius": result.radius,
+                    }
+                else:
+                    result = predict_counts(counts[:, h], job.alpha)
+                    extra = {"p_value": result.p_value}
+                for r, row in enumerate(rows):
+                    if (int(pool.indices[row]), model) in done:
+                        continue
+                    record = {
+                        "index": int(pool.indices[row]),
+                        "model": model,
+                        "label": int(pool.labels[row]),
+                        "true_label": None
+                        if pool.true_labels is None
+                        else int(pool.true_labels[row]),
+                        "prediction": int(result.prediction[r]),
+                        "count_top": int(result.count_top[r]),
+                        "count_runner_up": int(result.count_runner_up[r]),
+                        **{key: _num(value[r]) for key, value in extra.items()},
+                        "correct": bool(result.prediction[r] == pool.labels[row]),
+                        "seconds": seconds,
+                    }
+                    sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            finished += len(rows)
+            if progress:
+                progress(finished, job.num_inputs)
+
+    summary = summarize_records(_read_records(records_path), job, k)
+    summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _num(value) -> float | None:
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def radius_grid(job: CertifyJob, num_concepts: int) -> np.ndarray:
+    """Radii at which certified accuracy is reported: σ/4 steps to 4σ, or 0…K for Hamming."""
+    if job.hamming:
+        return np.arange(num_concepts + 1, dtype=np.float64)
+    return np.round(np.arange(0, 17) * job.scale / 4, 10)
+
+
+def summarize_records(records: list[dict], job: CertifyJob, num_concepts: int) -> dict:
+    """Per-model metrics (SmAcc, ACR or ACR-H, CA curve, abstain rate, time/input) from records.
+
+    Records are sorted by input index first, so the summary does not depend on resumption.
+    """
+    grid = radius_grid(job, num_concepts)
+    result: dict[str, Any] = {
+        "mode": job.mode,
+        "noise": job.noise,
+        "scale": job.scale,
+        "models": {},
+    }
+    for model in job.models:
+        rows = sorted((r for r in records if r["model"] == model), key=lambda r: r["index"])
+        labels = np.array([r["label"] for r in rows], np.int64)
+        preds = np.array([r["prediction"] for r in rows], np.int64)
+        seconds = np.array([r["seconds"] for r in rows], np.float64)
+        entry: dict[str, Any] = {
+            "num_inputs": len(rows),
+            "smoothed_accuracy": metrics.smoothed_accuracy(labels, preds),
+            "abstain_rate": metrics.abstain_rate(preds),
+            "seconds_per_input": metrics.mean_time_per_input(seconds),
+        }
+        if rows and rows[0].get("true_label") is not None:
+            true = np.array([r["true_label"] for r in rows], np.int64)
+            entry["smoothed_accuracy_true_label"] = metrics.smoothed_accuracy(true, preds)
+        if job.mode == "certify":
+            radii = np.array([np.nan if r["radius"] is None else r["radius"] for r in rows])
+            s = metrics.summarize(labels, preds, radii, seconds, grid, hamming=job.hamming)
+            entry["acr"] = s.acr
+            entry["radius_grid"] = s.radius_grid.tolist()
+            entry["certified_accuracy"] = s.certified_accuracy.tolist()
+        result["models"][model] = entry
+    return result
+
+
+__all__ = ["ABSTAIN", "CertifyJob", "Pool", "agreement_pool", "run", "summarize_records"]
