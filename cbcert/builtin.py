@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from cbcert import checkpoint
@@ -89,6 +90,41 @@ def load_builtin(preset: str = "default", weights: str | Path | None = None) -> 
         class_names=world.class_names,
         true_label=world.label_of,
         metadata={"weights": str(path), "metrics": manifest.get("metrics", {})},
+    )
+
+
+def untrained_world(preset: str = "default", seed: int = 0) -> World:
+    """A built-in world with randomly initialised classifiers (for tests and benchmarks).
+
+    Same generator and architectures as ``load_builtin`` but no checkpoint: predictions are
+    meaningless, shapes, determinism and speed are not. The PCBM is set to reproduce the
+    standard head exactly (CAV k = column k of the standard head, concept head = diag(‖V_k‖)),
+    so that std and cbm agree and the agreement set is the whole pool.
+    """
+    config = WorldConfig.from_preset(preset)
+    model = WorldClassifiers(net_config_for(config), rngs=nnx.Rngs(seed))
+    graphdef, state = nnx.split(model)
+    params = nnx.to_pure_dict(state)
+    c = config.num_classes
+    kernel, bias = params["std_head"]["kernel"], params["std_head"]["bias"]  # [E, C], [C]
+    cav = params["pcbm"]["cav"].at[:c].set(kernel.T)
+    cav_bias = params["pcbm"]["cav_bias"].at[:c].set(bias)
+    head = jnp.zeros_like(params["pcbm"]["head"]["kernel"]).at[:c].set(
+        jnp.diag(jnp.linalg.norm(kernel, axis=0)))
+    params["pcbm"] = {**params["pcbm"], "cav": cav, "cav_bias": cav_bias,
+                      "head": {"kernel": head, "bias": jnp.zeros((c,))}}
+    classify, concept_scores = classifier_functions(graphdef, state)
+    world = make_world(config)
+    return World(
+        name=f"untrained:{preset}",
+        generator=world.generator,
+        classify=classify,
+        concept_scores=concept_scores,
+        classifier_params=params,
+        model_names=HEADS,
+        class_names=world.class_names,
+        true_label=world.label_of,
+        metadata={"weights": None},
     )
 
 

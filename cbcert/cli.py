@@ -135,7 +135,7 @@ def _validate_common(n, n0, alpha, inputs, batch, seed, chunk_size, max_memory, 
 
 
 def _run_certification(noise: str, scale: float, mode: str, opts: dict, default_out: str):
-    from cbcert.certify.runner import CertifyJob, RunMismatchError, run
+    from cbcert.certify.runner import CertifyJob, PoolTooSmallError, RunMismatchError, run
 
     _validate_common(opts["n"], opts["n0"], opts["alpha"], opts["inputs"], opts["batch"],
                      opts["seed"], opts["chunk_size"], opts["max_memory"], mode)
@@ -158,6 +158,8 @@ def _run_certification(noise: str, scale: float, mode: str, opts: dict, default_
                           max_memory=opts["max_memory"])
     except RunMismatchError as err:
         raise click.BadParameter(str(err), param_hint="--out") from None
+    except PoolTooSmallError as err:
+        raise click.BadParameter(str(err), param_hint="--inputs") from None
     if not opts["quiet"]:
         _print_summary(summary, job, world, out)
     return summary
@@ -321,3 +323,294 @@ def train_world(preset: str, seed: int, out: Path | None, quick: bool) -> None:
     console.print_json(data={"accuracy": metrics["accuracy"],
                              "concept_accuracy": metrics["concept_accuracy"]})
     console.print(f"wrote {path}")
+
+
+# ---------------------------------------------------------------------------- empirical robustness
+
+
+def _budget_list(value: str, flag: str, parse, rule: str) -> tuple:
+    """Comma-separated budgets (empty: none of this kind), each checked against ``rule``."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    try:
+        budgets = tuple(parse(item) for item in items)
+    except ValueError:
+        kind = "integers" if parse is int else "numbers"
+        raise click.BadParameter(f"expected comma-separated {kind}, got {value!r}",
+                                 param_hint=flag) from None
+    for budget in budgets:
+        _check(rule, budget, flag)
+    return budgets
+
+
+@main.command()
+@click.option("--eps", "eps_list", default="0.05,0.1,0.3,0.5,0.8", show_default=True,
+              help="Geometric budgets: latent shift norms ε > 0, comma-separated ('' for none).")
+@click.option("--tau", "tau_list", default="1,2,5,10", show_default=True,
+              help="Semantic budgets: numbers of flipped concepts τ in [1, K] ('' for none).")
+@click.option("--models", default="std,cbm,proto", show_default=True,
+              help="Comma-separated models; Δ compares the first with each other one.")
+@click.option("--samples", type=int, default=1, show_default=True,
+              help="Perturbations per input and budget.")
+@click.option("--ball", is_flag=True, help="ε-shifts uniform in the ball, not on the sphere.")
+@click.option("--subsets", type=int, default=5, show_default=True,
+              help="Random subsets k of the paired design (>= 2).")
+@click.option("--subset-size", type=int, default=200, show_default=True,
+              help="Inputs n per subset.")
+@click.option("--pool", type=int, default=None,
+              help="Agreement inputs perturbed, >= --subset-size (default 2 × --subset-size).")
+@click.option("--batch", type=int, default=100, show_default=True,
+              help="Inputs per engine call (unit of progress and resumption).")
+@click.option("--world", "world_name", default="default", show_default=True,
+              help="Built-in world preset.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Root seed of the pool, the perturbations and the subsets.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory (default results/perturb-seed<seed>); rerunning with the "
+                   "same --out resumes.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
+def perturb(eps_list: str, tau_list: str, models: str, samples: int, ball: bool, subsets: int,
+            subset_size: int, pool: int | None, batch: int, world_name: str, seed: int,
+            out: Path | None, quiet: bool) -> None:
+    """Empirical robustness: PFR, CFR and DFS under latent shifts (ε) and concept flips (τ).
+
+    Perturbs the std/cbm agreement set of a generated pool, then reports mean ± sd over random
+    subsets, paired t-tests of PFR differences and Holm-corrected p-values (SPEC §3).
+
+    Example: certify perturb --eps 0.3 --tau 5
+    """
+    from cbcert.certify.runner import PoolTooSmallError, RunMismatchError
+    from cbcert.robustness.runner import PerturbJob, check_budgets, run
+
+    eps = _budget_list(eps_list, "--eps", float, "eps")
+    tau = _budget_list(tau_list, "--tau", int, "count")
+    if not eps and not tau:
+        raise click.UsageError("give at least one budget with --eps or --tau")
+    for value, flag in ((samples, "--samples"), (subset_size, "--subset-size"),
+                        (batch, "--batch")):
+        _check("count", value, flag)
+    _check("subsets", subsets, "--subsets")
+    _check("seed", seed, "--seed")
+    if pool is not None and pool < subset_size:
+        raise click.BadParameter(f"got {pool}, allowed range [--subset-size={subset_size}, inf)",
+                                 param_hint="--pool")
+    names = _models(models)
+    if len(set(names)) < 2 or len(set(names)) != len(names):
+        raise click.BadParameter(f"got {models!r}; give at least two distinct models",
+                                 param_hint="--models")
+    world_obj = _load_world(world_name)
+    try:
+        world_obj.check_models(names)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--models") from None
+    if "std" not in world_obj.model_names or "cbm" not in world_obj.model_names:
+        raise click.ClickException("the agreement set needs a world with 'std' and 'cbm' models")
+    job = PerturbJob(eps=eps, tau=tau, models=names, seed=seed, samples=samples, ball=ball,
+                     num_subsets=subsets, subset_size=subset_size, num_inputs=pool or 0,
+                     batch=batch)
+    k = world_obj.generator.num_concepts
+    try:
+        check_budgets(job, k)
+    except ValueError:
+        raise click.BadParameter(f"got {max(tau)}, allowed range [1, K={k}] (concepts of "
+                                 f"{world_obj.name})", param_hint="--tau") from None
+    out = out or Path("results") / f"perturb-seed{seed}"
+    try:
+        with _progress("perturb", quiet) as progress:
+            result = run(world_obj, job, out, progress=progress)
+    except RunMismatchError as err:
+        raise click.BadParameter(str(err), param_hint="--out") from None
+    except PoolTooSmallError as err:
+        raise click.BadParameter(str(err), param_hint="--pool") from None
+    if not quiet:
+        _print_perturb(result, job, world_obj, out)
+
+
+def _print_perturb(result, job, world_obj, out: Path) -> None:
+    from cbcert.robustness.protocol import table_cells
+
+    titles = {"eps": "geometric: z̃ = z + ε·u" + (", u in the unit ball" if job.ball else ""),
+              "tau": "semantic: τ uniformly chosen concepts flipped"}
+    for kind, title in titles.items():
+        rows = [row for row in result.rows if row.kind == kind]
+        if not rows:
+            continue
+        headers, body = table_cells(rows)
+        table = Table(title=f"{world_obj.name}, {title}")
+        for i, header in enumerate(headers):
+            table.add_column(header, justify="left" if i == 0 else "right")
+        for cells in body:
+            table.add_row(*cells)
+        console.print(table)
+    tests = sum(len(row.comparisons) for row in result.rows)
+    console.print(
+        f"mean ± sd over {job.num_subsets} subsets of {job.subset_size} of "
+        f"{job.num_inputs} agreement inputs, {job.samples} perturbation(s) each; "
+        f"Δ = PFR difference, p: paired two-sided t-test, p_Holm: Holm over {tests} tests. "
+        f"Records and summary in {out}/"
+    )
+
+
+# ---------------------------------------------------------------------------- adversarial
+
+
+@main.command()
+@click.option("--space", type=click.Choice(["latent", "concept"]), default="latent",
+              show_default=True,
+              help="Perturb the latent z, or the concept representation c = E(g1(z)).")
+@click.option("--eps", "eps_list", default="0.01,0.03", show_default=True,
+              help="Attack budgets ε > 0 (radii of the --norm ball), comma-separated.")
+@click.option("--norm", type=click.Choice(["linf", "l2"]), default="linf", show_default=True)
+@click.option("--iters", type=int, default=100, show_default=True,
+              help="APGD iterations per restart.")
+@click.option("--restarts", type=int, default=1, show_default=True, help="APGD restarts.")
+@click.option("--loss", type=click.Choice(["ce", "dlr"]), default="ce", show_default=True,
+              help="APGD-CE or APGD-DLR (DLR needs >= 3 classes).")
+@click.option("--smoothed", is_flag=True,
+              help="Attack the smoothed classifier (EOT loss), judge it with PREDICT.")
+@click.option("--sigma", type=float, default=None,
+              help="Gaussian smoothing std (--smoothed, --space latent), > 0.")
+@click.option("--rho", type=float, default=None,
+              help="Concept flip probability (--smoothed, --space concept), in (0, 0.5).")
+@click.option("--eot", type=int, default=8, show_default=True,
+              help="Noise samples in the attack's expected softmax (--smoothed).")
+@click.option("--n", "n", type=int, default=1000, show_default=True,
+              help="PREDICT samples per input (--smoothed).")
+@click.option("--alpha", type=float, default=0.001, show_default=True,
+              help="PREDICT level; it abstains (counted wrong) when not significant.")
+@click.option("--inputs", type=int, default=64, show_default=True,
+              help="Inputs attacked, from the std/cbm agreement set of the pool.")
+@click.option("--batch", type=int, default=16, show_default=True,
+              help="Inputs per APGD call (unit of progress and resumption).")
+@click.option("--models", default="std,cbm,proto", show_default=True,
+              help="Comma-separated models, each attacked on its own.")
+@click.option("--world", "world_name", default="default", show_default=True,
+              help="Built-in world preset.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Root seed of the pool, the random starts and all noise.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory (default results/attack-<space>[-smoothed-…]-seed<seed>); "
+                   "rerunning with the same --out resumes.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
+def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss: str,
+           smoothed: bool, sigma: float | None, rho: float | None, eot: int, n: int,
+           alpha: float, inputs: int, batch: int, models: str, world_name: str, seed: int,
+           out: Path | None, quiet: bool) -> None:
+    """APGD through generator and classifier: clean and robust accuracy per model and ε.
+
+    Each model is attacked on its own, on the std/cbm agreement set, labelled with the shared
+    clean prediction (SPEC §5). With --smoothed the attack maximises the smoothed classifier's
+    EOT loss and robustness is judged with Monte Carlo PREDICT, abstain counting as wrong.
+
+    Example: certify attack --space latent --eps 0.03
+    """
+    from cbcert.attacks.runner import AttackJob, run
+    from cbcert.certify.runner import PoolTooSmallError, RunMismatchError
+
+    eps = _budget_list(eps_list, "--eps", float, "eps")
+    if not eps or len(set(eps)) != len(eps):
+        raise click.BadParameter(f"got {eps_list!r}; give one or more distinct budgets",
+                                 param_hint="--eps")
+    for value, flag in ((iters, "--iters"), (restarts, "--restarts"), (eot, "--eot"),
+                        (n, "--n"), (inputs, "--inputs"), (batch, "--batch")):
+        _check("count", value, flag)
+    _check("alpha", alpha, "--alpha")
+    _check("seed", seed, "--seed")
+    scale, name = _attack_smoothing(space, smoothed, sigma, rho)
+    names = _models(models)
+    world_obj = _load_world(world_name)
+    try:
+        world_obj.check_models(names)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--models") from None
+    if "std" not in world_obj.model_names or "cbm" not in world_obj.model_names:
+        raise click.ClickException("the agreement set needs a world with 'std' and 'cbm' models")
+    if loss == "dlr" and world_obj.num_classes < 3:
+        raise click.BadParameter(f"DLR needs >= 3 classes, {world_obj.name} has "
+                                 f"{world_obj.num_classes}", param_hint="--loss")
+    job = AttackJob(space=space, eps=eps, norm=norm, iters=iters, restarts=restarts, loss=loss,
+                    smoothed=smoothed, scale=scale, eot=eot, n=n, alpha=alpha, models=names,
+                    seed=seed, num_inputs=inputs, batch=batch)
+    out = out or Path("results") / f"attack-{space}{name}-seed{seed}"
+    try:
+        with _progress(f"attack {space}", quiet) as progress:
+            summary = run(world_obj, job, out, progress=progress)
+    except RunMismatchError as err:
+        raise click.BadParameter(str(err), param_hint="--out") from None
+    except PoolTooSmallError as err:
+        raise click.BadParameter(str(err), param_hint="--inputs") from None
+    if not quiet:
+        _print_attack(summary, job, world_obj, out)
+
+
+def _attack_smoothing(space: str, smoothed: bool, sigma, rho) -> tuple[float | None, str]:
+    """The smoothing scale of an attack and its output-name suffix (None, '' when not smoothed)."""
+    flag, value, other_flag, other = (("--sigma", sigma, "--rho", rho) if space == "latent"
+                                      else ("--rho", rho, "--sigma", sigma))
+    if other is not None:
+        raise click.UsageError(f"{other_flag} does not apply to --space {space} (use {flag})")
+    if not smoothed:
+        if value is not None:
+            raise click.UsageError(f"{flag} needs --smoothed")
+        return None, ""
+    if value is None:
+        raise click.UsageError(f"--smoothed --space {space} needs {flag}")
+    _check(flag.lstrip("-"), value, flag)
+    return value, f"-smoothed-{flag.lstrip('-')}{value:g}"
+
+
+def _print_attack(summary: dict, job, world_obj, out: Path) -> None:
+    attack_name = f"APGD-{job.loss.upper()}"
+    target = "base classifiers"
+    if job.smoothed:
+        symbol = "σ" if job.space == "latent" else "ρ"
+        target = (f"smoothed classifiers ({symbol} = {job.scale:g}, EOT {job.eot}, "
+                  f"PREDICT n = {job.n}, α = {job.alpha:g})")
+    table = Table(title=f"{attack_name} ({job.norm}) in {job.space} space, {world_obj.name}",
+                  caption=f"{job.iters} iterations, {job.restarts} restart(s), {target}")
+    table.add_column("model")
+    table.add_column("clean", justify="right")
+    for eps in job.eps:
+        table.add_column(f"ε={eps:g}", justify="right")
+    for model, entry in summary["models"].items():
+        cells = [f"{100 * b['robust_accuracy']:.1f}%" for b in entry["budgets"]]
+        table.add_row(model, f"{100 * entry['clean_accuracy']:.1f}%", *cells)
+    console.print(table)
+    console.print(f"accuracy on {job.num_inputs} agreement inputs (abstain counts as wrong); "
+                  f"records and summary in {out}/")
+
+
+# ---------------------------------------------------------------------------- conversion
+
+
+@main.command("convert")
+@click.argument("kind")
+@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--backbone", default=None, help="pcbm: torchvision backbone name (e.g. resnet18).")
+@click.option("--backbone-path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="pcbm: the backbone's torchvision state_dict.")
+@click.option("--concept-bank", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="pcbm: concept bank pickle (must match the checkpoint's).")
+@click.option("--config", "config_path", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="pixpnet: its config.yaml.")
+def convert_cmd(kind, checkpoint, out_dir, backbone, backbone_path, concept_bank, config_path):
+    """Convert a PyTorch classifier checkpoint to a Flax/orbax checkpoint with a manifest.
+
+    KIND: resnet18/34/50/101/152, densenet121/161/169/201, pcbm or pixpnet. Needs torch
+    (pip install 'cbcert[torch]').
+    """
+    from cbcert.convert import KINDS, convert
+
+    if kind not in KINDS:
+        raise click.BadParameter(f"got {kind!r}, allowed: {', '.join(KINDS)}", param_hint="KIND")
+    try:
+        manifest = convert(kind, checkpoint, out_dir, backbone=backbone,
+                           backbone_path=backbone_path, concept_bank_path=concept_bank,
+                           config_path=config_path)
+    except ImportError as err:
+        raise click.ClickException(f"{err}; install the torch extra: pip install "
+                                   "'cbcert[torch]'") from None
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    console.print(f"wrote {out_dir} ({manifest.get('kind', kind)})")

@@ -7,6 +7,7 @@ heads are the requested models evaluated on the *same* generated image.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from cbcert.generators.base import Generator
 Params = Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class World:
     """Generator, classifiers and (optionally) ground truth of one world.
 
@@ -65,24 +66,16 @@ class World:
         return tuple(models)
 
     def latent_apply(self, models: tuple[str, ...]) -> Callable:
-        """``apply(params, z[B, d]) -> logits[B, H, C]`` = ``f_m(g(z))`` for each model m."""
-        models = self.check_models(models)
-        gen, classify = self.generator, self.classify
+        """``apply(params, z[B, d]) -> logits[B, H, C]`` = ``f_m(g(z))`` for each model m.
 
-        def apply(params, z):
-            return classify(params["clf"], gen.image(params["gen"], z), models)
-
-        return apply
+        The same function object is returned for the same models, so jit caches keyed on it
+        (the engine's) compile once per world and model set.
+        """
+        return _latent_apply(self, self.check_models(models))
 
     def concept_apply(self, models: tuple[str, ...]) -> Callable:
         """``apply(params, c[B, 2K+U]) -> logits[B, H, C]`` = ``f_m(g2(D(c)))`` for each model m."""
-        models = self.check_models(models)
-        gen, classify = self.generator, self.classify
-
-        def apply(params, c):
-            return classify(params["clf"], gen.image_from_concepts(params["gen"], c), models)
-
-        return apply
+        return _concept_apply(self, self.check_models(models))
 
     def latent_images(self, params, z: jax.Array) -> jax.Array:
         """``g(z)``: ``[B, d] -> [B, H, W, 3]``."""
@@ -91,6 +84,46 @@ class World:
     def encode_latents(self, params, z: jax.Array) -> jax.Array:
         """``c = E(g1(z))``: ``[B, d] -> [B, 2K + U]``."""
         return self.generator.concepts(params["gen"], z)
+
+
+@functools.lru_cache(maxsize=32)
+def _latent_apply(world: World, models: tuple[str, ...]) -> Callable:
+    gen, classify = world.generator, world.classify
+
+    def apply(params, z):
+        return classify(params["clf"], gen.image(params["gen"], z), models)
+
+    return apply
+
+
+@functools.lru_cache(maxsize=32)
+def _concept_apply(world: World, models: tuple[str, ...]) -> Callable:
+    gen, classify = world.generator, world.classify
+
+    def apply(params, c):
+        return classify(params["clf"], gen.image_from_concepts(params["gen"], c), models)
+
+    return apply
+
+
+@functools.lru_cache(maxsize=32)
+def clean_predictor(world: World, space: str, models: tuple[str, ...]) -> Callable:
+    """Jitted ``(params, z[B, d]) -> labels[B, H]`` on the clean image of each latent.
+
+    ``space="latent"``: the image ``g(z)``; ``space="concept"``: the autoencoded image
+    ``g2(D(E(g1(z))))``, the clean reference of semantic perturbations (SPEC §1).
+    """
+    gen, classify = world.generator, world.classify
+
+    @jax.jit
+    def predict(params, z):
+        if space == "latent":
+            x = gen.image(params["gen"], z)
+        else:
+            x = gen.image_from_concepts(params["gen"], gen.concepts(params["gen"], z))
+        return jnp.argmax(classify(params["clf"], x, models), axis=-1)
+
+    return predict
 
 
 def batched(fn: Callable, x: jax.Array, batch: int) -> jax.Array:

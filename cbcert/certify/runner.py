@@ -28,6 +28,7 @@ from cbcert.certify.l2 import L2Radius
 from cbcert.engine.keys import STREAM_ESTIMATE, STREAM_SELECT, stream_key
 from cbcert.engine.noise import BernoulliFlips, FixedFlips, Gaussian
 from cbcert.engine.sampler import count_classes
+from cbcert.pipeline import clean_predictor
 
 # Streams of the root key besides the engine's selection/estimation streams.
 STREAM_POOL = 2
@@ -38,6 +39,10 @@ RUN = "run.json"
 
 class RunMismatchError(ValueError):
     """The output directory holds a run with different settings."""
+
+
+class PoolTooSmallError(ValueError):
+    """Too few generated inputs have std and cbm agreeing for the number of inputs asked."""
 
 
 @dataclass(frozen=True)
@@ -126,22 +131,13 @@ def agreement_pool(
     """
     max_pool = max_pool or max(20 * num_inputs, block)
     params = world.params
-    gen = world.generator
-
-    @jax.jit
-    def clean_predictions(z):
-        x = (
-            gen.image(params["gen"], z)
-            if space == "latent"
-            else gen.image_from_concepts(params["gen"], gen.concepts(params["gen"], z))
-        )
-        return np.argmax(world.classify(params["clf"], x, ("std", "cbm")), axis=-1)  # [B, 2]
+    predict = clean_predictor(world, space, ("std", "cbm"))
 
     found_idx, found_lab, found_z = [], [], []
     start = 0
     while sum(map(len, found_idx)) < num_inputs and start < max_pool:
         z = pool_latents(world, seed, start, block)
-        pred = np.asarray(clean_predictions(z))
+        pred = np.asarray(predict(params, z))  # [B, 2]
         agree = np.flatnonzero(pred[:, 0] == pred[:, 1])
         found_idx.append(start + agree)
         found_lab.append(pred[agree, 0])
@@ -149,9 +145,9 @@ def agreement_pool(
         start += block
     indices = np.concatenate(found_idx)[:num_inputs]
     if len(indices) < num_inputs:
-        raise ValueError(
-            f"only {len(indices)} of {start} generated inputs have std and cbm agreeing; "
-            f"--inputs {num_inputs} is too many"
+        raise PoolTooSmallError(
+            f"only {len(indices)} of {start} generated inputs have std and cbm agreeing, "
+            f"fewer than the {num_inputs} inputs asked for"
         )
     latents = np.concatenate(found_z)[:num_inputs]
     true = None

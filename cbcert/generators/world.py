@@ -79,7 +79,7 @@ class WorldConfig:
     extra_similar: int = 0
     extra_dissimilar: int = 0
     frequency: float = math.pi
-    sharpness: float = 40.0
+    sharpness: float = 150.0
     logit_scale: float = 2.0
     structure_seed: int = 0
 
@@ -229,7 +229,7 @@ def render(config: WorldConfig, params, a: jax.Array, u: jax.Array) -> jax.Array
     def nz(i: int) -> jax.Array:  # [B, 1, 1, 1]
         return u[:, i][:, None, None, None]
 
-    cx, cy = 0.5 + 0.1 * jnp.tanh(nz(0)), 0.5 + 0.1 * jnp.tanh(nz(1))
+    cx, cy = 0.5 + 0.07 * jnp.tanh(nz(0)), 0.5 + 0.07 * jnp.tanh(nz(1))
     theta = 0.6 * nz(2)
     scale = 1.0 + 0.08 * jnp.tanh(nz(3))
     hue = 0.08 * jnp.tanh(nz(4))
@@ -258,11 +258,11 @@ def render(config: WorldConfig, params, a: jax.Array, u: jax.Array) -> jax.Array
     img = _over(img, jnp.array([0.1, 0.85, 0.9]), on("corner_marker") * corner)
 
     # Object in its own rotated, scaled frame; p, q in units of its radius.
-    radius = (0.16 + 0.08 * on("large")) * scale
+    radius = (0.2 + 0.1 * on("large")) * scale
     dx, dy = X - cx, Y - cy
     xr = jnp.cos(theta) * dx + jnp.sin(theta) * dy
     yr = -jnp.sin(theta) * dx + jnp.cos(theta) * dy
-    p = xr / (radius * (1.0 + 0.5 * on("elongated")))
+    p = xr / (radius * (1.0 + 0.55 * on("elongated")))
     q = yr / radius
     rho = jnp.sqrt(p * p + q * q + 1e-12)
     box = 0.25 * jax.nn.logsumexp(4.0 * jnp.stack([p, -p, q, -q]), axis=0) - 0.25 * math.log(2)
@@ -276,16 +276,16 @@ def render(config: WorldConfig, params, a: jax.Array, u: jax.Array) -> jax.Array
 
     red, blue = jnp.array([0.9, 0.15, 0.1]), jnp.array([0.12, 0.28, 0.92])
     colour = _lerp(red, blue, on("blue")) + hue * jnp.array([1.0, 0.5, -1.0])
-    stripes = jax.nn.sigmoid(4.0 * jnp.sin(2 * jnp.pi * 1.6 * q))
-    colour = colour * (1.0 - 0.65 * on("stripes") * stripes)
-    hole = jax.nn.sigmoid((0.42 - rho) * px)
+    stripes = jax.nn.sigmoid(4.0 * jnp.sin(2 * jnp.pi * 1.25 * q))
+    colour = colour * (1.0 - 0.8 * on("stripes") * stripes)
+    hole = jax.nn.sigmoid((0.5 - rho) * px)
     alpha = body * (1.0 - on("hole") * hole)
     img = _over(img, colour, alpha)
     cross = jnp.maximum(
-        jax.nn.sigmoid((0.14 - jnp.abs(p)) * px), jax.nn.sigmoid((0.14 - jnp.abs(q)) * px)
+        jax.nn.sigmoid((0.18 - jnp.abs(p)) * px), jax.nn.sigmoid((0.18 - jnp.abs(q)) * px)
     )
     img = _over(img, jnp.array([1.0, 1.0, 1.0]), on("cross") * cross * alpha)
-    outline = jax.nn.sigmoid((0.12 - jnp.abs(sdf)) * px)
+    outline = jax.nn.sigmoid((0.16 - jnp.abs(sdf)) * px)
     img = _over(img, jnp.array([0.0, 0.0, 0.0]), on("outline") * outline)
 
     dcx = 0.5 + 0.36 * jnp.cos(diamond_angle)

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from cbcert.models.layers import PatchConv
+
 HEADS = ("std", "cbm", "cbmh", "proto")
 
 
@@ -32,7 +34,7 @@ class NetConfig:
       prototype_dim: channels of the add-on layers / prototype vectors.
     """
 
-    widths: tuple[int, int, int] = (32, 64, 128)
+    widths: tuple[int, int, int] = (24, 48, 96)
     num_classes: int = 10
     num_concepts: int = 12
     prototypes_per_class: int = 3
@@ -56,11 +58,11 @@ class BasicBlock(nnx.Module):
     """
 
     def __init__(self, cin: int, cout: int, stride: int, *, rngs: nnx.Rngs):
-        self.conv1 = nnx.Conv(cin, cout, (3, 3), strides=stride, padding=1, rngs=rngs)
-        self.conv2 = nnx.Conv(cout, cout, (3, 3), padding=1, rngs=rngs)
+        self.conv1 = PatchConv(cin, cout, 3, stride=stride, padding=1, rngs=rngs)
+        self.conv2 = PatchConv(cout, cout, 3, padding=1, rngs=rngs)
         self.alpha = nnx.Param(jnp.zeros(()))
         self.proj = (
-            nnx.Conv(cin, cout, (1, 1), strides=stride, rngs=rngs)
+            PatchConv(cin, cout, 1, stride=stride, rngs=rngs)
             if stride != 1 or cin != cout
             else None
         )
@@ -75,7 +77,7 @@ class Backbone(nnx.Module):
 
     def __init__(self, widths: tuple[int, int, int], *, rngs: nnx.Rngs):
         w1, w2, w3 = widths
-        self.stem = nnx.Conv(3, w1, (3, 3), padding=1, rngs=rngs)
+        self.stem = PatchConv(3, w1, 3, padding=1, rngs=rngs)
         self.stage1 = BasicBlock(w1, w1, 1, rngs=rngs)
         self.stage2 = BasicBlock(w1, w2, 2, rngs=rngs)
         self.stage3 = BasicBlock(w2, w3, 2, rngs=rngs)
@@ -103,8 +105,8 @@ class ConceptBottleneck(nnx.Module):
 
     def scores(self, e):
         """Concept scores ``r[B, K] = (e Vᵀ + b) / ‖V_k‖`` — signed distances to the CAV planes."""
-        norms = jnp.linalg.norm(self.cav.value, axis=1)
-        return (e @ self.cav.value.T + self.cav_bias.value) / norms
+        norms = jnp.linalg.norm(self.cav[...], axis=1)
+        return (e @ self.cav[...].T + self.cav_bias[...]) / norms
 
     def __call__(self, e, residual: bool):
         r = self.scores(e)
@@ -117,8 +119,8 @@ class PrototypeLayer(nnx.Module):
 
     def __init__(self, cin: int, config: NetConfig, *, rngs: nnx.Rngs):
         d, p, c = config.prototype_dim, config.num_prototypes, config.num_classes
-        self.add1 = nnx.Conv(cin, d, (1, 1), rngs=rngs)
-        self.add2 = nnx.Conv(d, d, (1, 1), rngs=rngs)
+        self.add1 = PatchConv(cin, d, 1, rngs=rngs)
+        self.add2 = PatchConv(d, d, 1, rngs=rngs)
         self.prototypes = nnx.Param(jax.random.uniform(rngs.params(), (p, d)))
         identity = jax.nn.one_hot(jnp.arange(p) // config.prototypes_per_class, c)
         self.class_identity = nnx.Variable(identity)  # [P, C], fixed
@@ -127,7 +129,7 @@ class PrototypeLayer(nnx.Module):
     def distances(self, t):
         """Min over positions of squared L2 distances: ``[B, h, w, Cin] -> [B, P]``."""
         f = jax.nn.sigmoid(self.add2(jax.nn.relu(self.add1(t))))  # [B, h, w, D]
-        protos = self.prototypes.value  # [P, D]
+        protos = self.prototypes[...]  # [P, D]
         d2 = (
             jnp.sum(f * f, axis=-1, keepdims=True)
             - 2.0 * jnp.einsum("bhwd,pd->bhwp", f, protos)
@@ -138,7 +140,7 @@ class PrototypeLayer(nnx.Module):
     def __call__(self, t):
         d = self.distances(t)
         sim = jnp.log((d + 1.0) / (d + 1e-4))  # [B, P]
-        return sim @ self.last.value, d
+        return sim @ self.last[...], d
 
 
 class WorldClassifiers(nnx.Module):
@@ -180,5 +182,5 @@ class WorldClassifiers(nnx.Module):
         return jnp.stack(out, axis=1)
 
     def concept_scores(self, x):
-        """PCBM concept scores ``r``: ``[B, H, W, 3] -> [B, K]``; concept i is predicted on iff r_i > 0."""
+        """PCBM concept scores ``r``: ``[B, H, W, 3] -> [B, K]``; concept i is on iff r_i > 0."""
         return self.pcbm.scores(self.embed(x))

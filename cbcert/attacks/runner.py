@@ -1,0 +1,442 @@
+"""Attack runs: APGD through generator and classifier, against base or smoothed classifiers.
+
+SPEC §5. Inputs are the std/cbm agreement set of the generated pool (the same inputs as
+``certify latent``/``certify concept`` with the same seed), labelled with the shared clean
+prediction. Each model is attacked on its own: its logits function is one head of
+``World.latent_apply`` (perturb the latent ``z``) or ``World.concept_apply`` (perturb the
+continuous concept representation ``c = E(g1(z))`` before decoding).
+
+* **Base**: APGD-CE (or APGD-DLR) maximises the loss of ``f_m(g(x))`` over the ε-ball
+  around the clean ``x``. Robust means the attack found no misclassified point.
+* **Smoothed**: APGD maximises the SmoothAdv loss ``-log p̂(x)_y`` with ``p̂`` the mean
+  softmax over ``eot`` fixed noise samples (``cbcert.attacks.smoothed``); the adversarial
+  point is then judged with Cohen et al.'s Monte Carlo ``PREDICT`` (``n`` samples, level α,
+  abstain = wrong). The clean point is itself in the ε-ball, so robust means PREDICT is
+  correct at *both* the clean and the adversarial point; robust accuracy ≤ clean accuracy.
+  As APGD leaves an input unchanged when the attacked function already misclassifies it,
+  an input whose EOT estimate ``argmax p̂`` is wrong at the clean point is not attacked
+  (``attack_fooled`` true, zero perturbation) even if PREDICT is right there; a larger
+  ``eot`` makes this rarer.
+
+Keys (all from ``--seed``; ``root = jax.random.key(seed)``):
+
+* pool: ``STREAM_POOL`` of ``cbcert.certify.runner`` (same inputs as certification runs);
+* APGD random starts of one (model, ε, batch): ``fold_in(fold_in(fold_in(fold_in(root,
+  STREAM_ATTACK), model_id), bits(ε)), b)`` with ``model_id`` the model's position in
+  ``World.model_names``, ``bits(ε)`` the float32 bit pattern of ε and ``b = row // batch``
+  the batch number in the agreement set; so results do not depend on which other models or
+  budgets a run includes, and a resumed run repeats exactly the batches of the first one;
+* EOT noise of input i (global pool index): ``fold_in(fold_in(root, STREAM_EOT), i)``,
+  shared by models and budgets;
+* PREDICT noise: ``STREAM_ESTIMATE`` with ``sample_key(·, i, j)``, as ``certify predict``,
+  for the clean and the adversarial point alike (common random numbers); independent of
+  the EOT noise the attacker saw.
+
+Per-input records go to ``records.jsonl`` as each (batch, model, ε) unit finishes; a rerun
+with the same output directory skips finished units, and the resumed summary equals an
+uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.tree_util import Partial
+
+from cbcert.attacks.apgd import apgd
+from cbcert.attacks.smoothed import smoothed_logits_fn
+from cbcert.certify.cohen import ABSTAIN, predict_counts
+from cbcert.certify.runner import (
+    RECORDS,
+    RUN,
+    SUMMARY,
+    RunMismatchError,
+    _read_records,
+    agreement_pool,
+)
+from cbcert.engine.keys import STREAM_ESTIMATE, stream_key
+from cbcert.engine.noise import BernoulliFlips, Gaussian
+from cbcert.engine.sampler import count_classes
+
+# Streams of the root key used by attack runs only (0, 1: engine; 2: the input pool).
+STREAM_ATTACK = 3
+STREAM_EOT = 4
+
+
+@dataclass(frozen=True)
+class AttackJob:
+    """Settings of one attack run (everything that determines its results).
+
+    Attributes:
+      space: ``latent`` (perturb ``z``) or ``concept`` (perturb ``c = E(g1(z))``).
+      eps: attack budgets ε, radii of the ``norm`` ball around the clean input.
+      norm: ``linf`` or ``l2``.
+      iters, restarts: APGD iterations per restart and number of restarts.
+      loss: ``ce`` (APGD-CE) or ``dlr`` (APGD-DLR, needs ≥ 3 classes).
+      smoothed: attack the smoothed classifier (EOT loss) and judge it with PREDICT.
+      scale: noise scale of the smoothed classifier: σ (latent Gaussian) or ρ (concept
+        Bernoulli flips); None for base attacks.
+      eot: noise samples in the attack's expected softmax (smoothed only).
+      n, alpha: PREDICT samples and level (smoothed only).
+      models: models attacked, each on its own.
+      seed: root seed; num_inputs: inputs attacked (agreement set, pool order).
+      batch: inputs per APGD call (unit of progress and of resumption).
+    """
+
+    space: Literal["latent", "concept"] = "latent"
+    eps: tuple[float, ...] = (0.01, 0.03)
+    norm: Literal["linf", "l2"] = "linf"
+    iters: int = 100
+    restarts: int = 1
+    loss: Literal["ce", "dlr"] = "ce"
+    smoothed: bool = False
+    scale: float | None = None
+    eot: int = 8
+    n: int = 1000
+    alpha: float = 0.001
+    models: tuple[str, ...] = ("std", "cbm", "proto")
+    seed: int = 0
+    num_inputs: int = 64
+    batch: int = 16
+
+    def __post_init__(self) -> None:
+        if self.space not in ("latent", "concept"):
+            raise ValueError(f"space={self.space!r} must be 'latent' or 'concept'")
+        if not self.eps or any(not (np.isfinite(e) and e > 0) for e in self.eps):
+            raise ValueError(f"eps={self.eps!r} must be a non-empty list of numbers in (0, inf)")
+        if len(set(self.eps)) != len(self.eps):
+            raise ValueError(f"eps={self.eps!r} lists a budget twice")
+        if self.smoothed and self.scale is None:
+            name = "sigma" if self.space == "latent" else "rho"
+            raise ValueError(f"smoothed attacks need the noise scale {name}, got None")
+        if not self.smoothed and self.scale is not None:
+            raise ValueError(f"scale={self.scale!r} is only meaningful with smoothed=True")
+
+    @property
+    def noise_name(self) -> str:
+        """``sigma`` (latent Gaussian) or ``rho`` (concept flips): the smoothing scale's name."""
+        return "sigma" if self.space == "latent" else "rho"
+
+
+@dataclass(frozen=True)
+class _Head:
+    """Logits of one head ``h`` of ``apply``: ``(params, x[B, *event]) -> [B, C]``.
+
+    Compared by value, so every batch and budget of a model reuses one APGD compilation.
+    """
+
+    apply: Callable
+    head: int
+
+    def __call__(self, params, x):
+        return self.apply(params, x)[:, self.head]
+
+
+def attack_key(root: jax.Array, model_id: int, eps: float, batch_number: int) -> jax.Array:
+    """APGD key of one (model, ε, batch number b).
+
+    ``fold_in(fold_in(fold_in(fold_in(root, STREAM_ATTACK), model_id), bits(ε)), b)`` with
+    ``bits(ε)`` the float32 bit pattern of ε, so equal budgets give equal keys whatever the
+    other budgets of the run.
+    """
+    eps_bits = int(np.float32(eps).view(np.uint32))
+    key = jax.random.fold_in(stream_key(root, STREAM_ATTACK), model_id)
+    return jax.random.fold_in(jax.random.fold_in(key, eps_bits), batch_number)
+
+
+def eot_keys(root: jax.Array, indices: np.ndarray) -> jax.Array:
+    """EOT noise keys ``[B]`` of global inputs ``indices[B]``: ``fold_in(fold_in(root, 4), i)``."""
+    key = stream_key(root, STREAM_EOT)
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(indices, jnp.uint32))
+
+
+def _job_meta(job: AttackJob, world) -> dict[str, Any]:
+    # Through JSON, so that tuples compare equal to the lists read back from run.json.
+    return json.loads(json.dumps({"job": asdict(job), "world": world.name}))
+
+
+def _check_run_dir(out: Path, job: AttackJob, world) -> None:
+    """Create ``out/run.json``, or check that the one there describes the same run."""
+    meta = _job_meta(job, world)
+    run_file = out / RUN
+    if run_file.exists():
+        previous = json.loads(run_file.read_text())
+        if {k: previous.get(k) for k in meta} != meta:
+            raise RunMismatchError(
+                f"--out {out} holds a run with different settings ({previous.get('job')}); "
+                "use another --out or delete it"
+            )
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    import cbcert
+
+    versions = {"cbcert": cbcert.__version__, "jax": jax.__version__}
+    run_file.write_text(
+        json.dumps(
+            {**meta, "versions": versions, "devices": [str(d) for d in jax.devices()]}, indent=2
+        )
+        + "\n"
+    )
+
+
+def _pad(x: np.ndarray, size: int) -> np.ndarray:
+    """Pad ``x[v, ...]`` to ``[size, ...]`` with copies of its last row (one compiled shape)."""
+    if len(x) == size:
+        return x
+    return np.concatenate([x, np.repeat(x[-1:], size - len(x), axis=0)])
+
+
+class _Attacker:
+    """Everything one run needs per unit, built once so that each model compiles once."""
+
+    def __init__(self, world, job: AttackJob):
+        self.job = job
+        self.world = world
+        self.params = world.params
+        self.root = jax.random.key(job.seed)
+        k = world.generator.num_concepts
+        if job.space == "latent":
+            self.apply_of = world.latent_apply
+            self.noise = Gaussian()
+        else:
+            self.apply_of = world.concept_apply
+            self.noise = BernoulliFlips(k)
+        self.apply_all = self.apply_of(job.models)
+        # One single-head apply per model for PREDICT on its own adversarial points (the
+        # all-heads one when there is a single model: one compilation fewer).
+        self.apply_one = {
+            m: self.apply_all if len(job.models) == 1 else self.apply_of((m,)) for m in job.models
+        }
+        self.logits = {
+            m: Partial(_Head(self.apply_all, h), self.params) for h, m in enumerate(job.models)
+        }
+        self.model_id = {m: world.model_names.index(m) for m in job.models}
+        # Takes the logits function as a pytree argument: params are traced, not baked in.
+        self.evaluate = jax.jit(lambda logits_fn, x: logits_fn(x))
+
+    def clean_predictions(self, x: np.ndarray, idx: np.ndarray) -> dict[str, dict]:
+        """Per model: clean prediction ``[v]`` (PREDICT when smoothed, argmax otherwise)."""
+        if self.job.smoothed:
+            counts = self._counts(self.apply_all, x, idx)  # [v, H, C]
+            return {
+                m: _prediction_fields(predict_counts(counts[:, h], self.job.alpha))
+                for h, m in enumerate(self.job.models)
+            }
+        all_heads = Partial(self.apply_all, self.params)
+        logits = np.asarray(self.evaluate(all_heads, jnp.asarray(x)))  # [v, H, C]
+        return {
+            m: {"prediction": np.argmax(logits[:, h], axis=-1)}
+            for h, m in enumerate(self.job.models)
+        }
+
+    def _counts(self, apply_fn, x, idx) -> np.ndarray:
+        return count_classes(
+            apply_fn,
+            self.params,
+            x,
+            self.noise,
+            self.job.scale,
+            stream_key(self.root, STREAM_ESTIMATE),
+            self.job.n,
+            num_classes=self.world.num_classes,
+            indices=idx,
+            progress=False,
+        )
+
+    def attack(self, model: str, eps: float, b: int, x, labels, idx) -> dict[str, np.ndarray]:
+        """Attack ``x[v, *event]`` (batch number ``b``) at budget ε; per-input fields ``[v]``."""
+        job, valid = self.job, len(x)
+        logits_fn = self.logits[model]
+        if job.smoothed:
+            logits_fn = smoothed_logits_fn(
+                logits_fn,
+                noise=self.noise.perturb,
+                noise_param=jnp.float32(job.scale),
+                noise_keys=eot_keys(self.root, _pad(idx, job.batch)),
+                eot=job.eot,
+            )
+        x_adv, info = apgd(
+            logits_fn,
+            jnp.asarray(_pad(x, job.batch)),
+            jnp.asarray(_pad(labels, job.batch), jnp.int32),
+            eps=eps,
+            norm=job.norm,
+            key=attack_key(self.root, self.model_id[model], eps, b),
+            n_iter=job.iters,
+            n_restarts=job.restarts,
+            loss=job.loss,
+        )
+        x_adv = np.asarray(x_adv)[:valid]
+        fields = {
+            "loss": np.asarray(info.loss)[:valid],
+            "perturbation_norm": np.asarray(info.perturbation_norm)[:valid],
+            "attack_fooled": np.asarray(info.fooled)[:valid],
+        }
+        if job.smoothed:
+            counts = self._counts(self.apply_one[model], x_adv, idx)[:, 0]  # [v, C]
+            fields.update(_prediction_fields(predict_counts(counts, job.alpha)))
+        else:
+            logits = np.asarray(self.evaluate(self.logits[model], jnp.asarray(x_adv)))
+            fields["prediction"] = np.argmax(logits, axis=-1)
+        return fields
+
+
+def _prediction_fields(result) -> dict[str, np.ndarray]:
+    return {"prediction": result.prediction, "p_value": result.p_value}
+
+
+def run(
+    world,
+    job: AttackJob,
+    out: str | Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Attack every model of ``job`` at every budget on the agreement pool; resumable.
+
+    Writes ``run.json`` (settings), appends ``records.jsonl`` (one line per input, model and
+    ε: index, model, eps, label, clean_prediction, adversarial_prediction, loss,
+    perturbation_norm, attack_fooled, robust, seconds; plus clean/adversarial PREDICT
+    p-values when smoothed; predictions are ``ABSTAIN`` = −1 when PREDICT abstains) and
+    finally ``summary.json``. ``progress(done, total)`` counts (batch, model, ε) units.
+
+    Returns the summary (:func:`summarize_records`).
+    """
+    out = Path(out)
+    world.check_models(job.models)
+    _check_run_dir(out, job, world)
+    records_path = out / RECORDS
+    records = _read_records(records_path)
+    done = {(r["index"], r["model"], r["eps"]) for r in records}
+
+    pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space)
+    if job.space == "latent":
+        inputs = pool.latents
+    else:
+        inputs = np.asarray(jax.jit(world.encode_latents)(world.params, pool.latents))
+    attacker = _Attacker(world, job)
+
+    units = [
+        (b, m, float(e))
+        for b in range(0, job.num_inputs, job.batch)
+        for m in job.models
+        for e in job.eps
+    ]
+    total = len(units)
+    finished = 0
+    if progress:
+        progress(finished, total)
+    with records_path.open("a") as sink:
+        for start in range(0, job.num_inputs, job.batch):
+            rows = np.arange(start, min(start + job.batch, job.num_inputs))
+            idx = pool.indices[rows]
+            todo = [
+                (m, e)
+                for m in job.models
+                for e in map(float, job.eps)
+                if any((int(i), m, e) not in done for i in idx)
+            ]
+            finished += len(job.models) * len(job.eps) - len(todo)
+            if not todo:
+                continue
+            x, labels = inputs[rows], pool.labels[rows]
+            clean = attacker.clean_predictions(x, idx)
+            for model, eps in todo:
+                tic = time.perf_counter()
+                adv = attacker.attack(model, eps, start // job.batch, x, labels, idx)
+                seconds = (time.perf_counter() - tic) / len(rows)
+                for r, i in enumerate(idx):
+                    if (int(i), model, eps) in done:
+                        continue
+                    record = _record(int(i), model, eps, int(labels[r]), clean[model], adv, r)
+                    sink.write(json.dumps({**record, "seconds": seconds}) + "\n")
+                sink.flush()
+                finished += 1
+                if progress:
+                    progress(finished, total)
+
+    summary = summarize_records(_read_records(records_path), job)
+    summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _record(index, model, eps, label, clean, adv, r) -> dict[str, Any]:
+    """One JSONL record; ``robust`` = correct at the clean and at the adversarial point."""
+    clean_pred, adv_pred = int(clean["prediction"][r]), int(adv["prediction"][r])
+    record = {
+        "index": index,
+        "model": model,
+        "eps": eps,
+        "label": label,
+        "clean_prediction": clean_pred,
+        "adversarial_prediction": adv_pred,
+        "loss": float(adv["loss"][r]),
+        "perturbation_norm": float(adv["perturbation_norm"][r]),
+        "attack_fooled": bool(adv["attack_fooled"][r]),
+        "robust": clean_pred == label and adv_pred == label,
+    }
+    if "p_value" in adv:
+        record["clean_p_value"] = float(clean["p_value"][r])
+        record["adversarial_p_value"] = float(adv["p_value"][r])
+    return record
+
+
+def summarize_records(records: list[dict], job: AttackJob) -> dict[str, Any]:
+    """Per model: clean accuracy, and per ε robust accuracy, abstain rate, mean norm and loss.
+
+    Clean accuracy is read from the first budget's records (all budgets share the clean
+    prediction). Abstentions (``ABSTAIN``) count as wrong. Records are sorted by input index,
+    so the summary does not depend on resumption.
+    """
+    result: dict[str, Any] = {
+        "space": job.space,
+        "norm": job.norm,
+        "loss": job.loss,
+        "smoothed": job.smoothed,
+        job.noise_name: job.scale,
+        "eps": [float(e) for e in job.eps],
+        "models": {},
+    }
+    for model in job.models:
+        per_eps = []
+        clean_acc = None
+        for eps in map(float, job.eps):
+            rows = sorted(
+                (r for r in records if r["model"] == model and r["eps"] == eps),
+                key=lambda r: r["index"],
+            )
+            labels = np.array([r["label"] for r in rows], np.int64)
+            clean = np.array([r["clean_prediction"] for r in rows], np.int64)
+            adv = np.array([r["adversarial_prediction"] for r in rows], np.int64)
+            robust = np.array([r["robust"] for r in rows], bool)
+            if clean_acc is None:
+                clean_acc = _mean(clean == labels)
+            per_eps.append(
+                {
+                    "eps": eps,
+                    "num_inputs": len(rows),
+                    "robust_accuracy": _mean(robust),
+                    "adversarial_abstain_rate": _mean(adv == ABSTAIN),
+                    "mean_perturbation_norm": _mean([r["perturbation_norm"] for r in rows]),
+                    "mean_loss": _mean([r["loss"] for r in rows]),
+                }
+            )
+        result["models"][model] = {"clean_accuracy": clean_acc, "budgets": per_eps}
+    return result
+
+
+def _mean(values) -> float:
+    values = np.asarray(values, np.float64)
+    return float(values.mean()) if values.size else float("nan")
+
+
+__all__ = ["AttackJob", "attack_key", "eot_keys", "run", "summarize_records"]

@@ -1,0 +1,40 @@
+"""Counter-based PRNG keys for Monte Carlo sampling.
+
+The noise of sample ``j`` of input ``i`` depends only on ``(key, i, j)``, never on the batch,
+chunk, padding or device that happens to compute it (SPEC §7). ``i`` is the *global* input index
+(the caller passes ``indices[n]`` for the n-th input of a batch), ``j`` the sample number.
+Selection and estimation samples of Cohen et al. (2019, ``CERTIFY``) come from different streams
+of the same root key, so they are independent by construction.
+"""
+
+import jax
+
+STREAM_SELECT = 0
+STREAM_ESTIMATE = 1
+
+
+def stream_key(root: jax.Array, stream: int) -> jax.Array:
+    """Key of one sampling stream: ``fold_in(root, stream)``.
+
+    Args:
+      root: root PRNG key (from ``--seed``), typed (``jax.random.key``) or raw ``uint32[2]``.
+      stream: stream number, e.g. ``STREAM_SELECT`` or ``STREAM_ESTIMATE``.
+
+    Returns:
+      A key of the same kind as ``root``.
+    """
+    return jax.random.fold_in(root, stream)
+
+
+def sample_key(key: jax.Array, i: jax.Array | int, j: jax.Array | int) -> jax.Array:
+    """Key of sample ``j`` of global input ``i``: ``fold_in(fold_in(key, i), j)``.
+
+    Args:
+      key: stream key (see ``stream_key``).
+      i: global input index, scalar int in ``[0, 2**31)``; traced values are fine.
+      j: sample number, scalar int in ``[0, 2**31)``; traced values are fine.
+
+    Returns:
+      A key of the same kind as ``key``; ``jax.vmap`` it over ``i`` and ``j`` for a batch.
+    """
+    return jax.random.fold_in(jax.random.fold_in(key, i), j)

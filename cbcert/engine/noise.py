@@ -1,0 +1,197 @@
+"""Noise models for randomized smoothing and empirical perturbations.
+
+Every model is a frozen dataclass holding only static structure (e.g. the number of concepts);
+its scale (σ, ρ, m, ε) is passed to ``perturb`` as a traced value, so a sweep over scales reuses
+one compilation. ``perturb(key, x[*event], param)`` draws one noisy sample; the sampler vmaps it
+over (input, sample) pairs with keys from ``cbcert.engine.keys.sample_key``.
+
+Concept representations follow docs/DESIGN.md: ``c = [c0+, c0-, c1+, c1-, ..., u]`` of length
+``2K + U``; flipping concept i swaps ``c[2i]`` and ``c[2i+1]``.
+"""
+
+import dataclasses
+import math
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def flip_pairs(c: jax.Array, eta: jax.Array, num_concepts: int) -> jax.Array:
+    """Concept flip ``F(c, η)`` (SPEC §1): swap the pair ``(ci+, ci-)`` wherever ``η_i = 1``.
+
+    Args:
+      c: concept representations ``[..., 2K + U]``, interleaved logit pairs then ``u``.
+      eta: flip indicators ``[..., K]`` (bool or 0/1 ints), broadcastable against ``c[..., :1]``.
+      num_concepts: K.
+
+    Returns:
+      ``[..., 2K + U]``, same dtype as ``c``; the unsupervised dims ``u`` are untouched.
+    """
+    _check_concept_dim(c.shape, num_concepts, "c")
+    k2 = 2 * num_concepts
+    pairs = c[..., :k2].reshape(*c.shape[:-1], num_concepts, 2)  # [..., K, 2]
+    flipped = jnp.where(jnp.asarray(eta, bool)[..., None], pairs[..., ::-1], pairs)
+    return jnp.concatenate([flipped.reshape(*c.shape[:-1], k2), c[..., k2:]], axis=-1)
+
+
+def concept_state(c: jax.Array, num_concepts: int) -> jax.Array:
+    """Concept state ``C(c)_i = 1[ci+ > ci-]`` (SPEC §1).
+
+    Args:
+      c: concept representations ``[..., 2K + U]``.
+      num_concepts: K.
+
+    Returns:
+      ``[..., K]`` bool.
+    """
+    _check_concept_dim(c.shape, num_concepts, "c")
+    k2 = 2 * num_concepts
+    return c[..., 0:k2:2] > c[..., 1:k2:2]
+
+
+def _check_concept_dim(shape: tuple[int, ...], num_concepts: int, name: str) -> None:
+    if num_concepts < 1:
+        raise ValueError(f"num_concepts={num_concepts} must be >= 1")
+    if len(shape) < 1 or shape[-1] < 2 * num_concepts:
+        raise ValueError(
+            f"{name} has shape {tuple(shape)}; its last axis must hold 2*num_concepts="
+            f"{2 * num_concepts} interleaved logits (plus optional unsupervised dims)"
+        )
+
+
+def _scalar(param, name: str) -> float:
+    value = np.asarray(param)
+    if value.shape != () or not np.issubdtype(value.dtype, np.number):
+        raise ValueError(f"{name}={param!r} must be a real scalar")
+    return float(value)
+
+
+class NoiseModel(Protocol):
+    """What the sampler needs from a noise model."""
+
+    def check_param(self, param) -> np.ndarray:
+        """Validates the scale on the host; returns it as a numpy scalar of the traced dtype."""
+
+    def check_event(self, event_shape: tuple[int, ...]) -> None:
+        """Raises ValueError if one input of this shape cannot be perturbed."""
+
+    def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
+        """One noisy sample ``x_noisy[*event]`` of ``x[*event]``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Gaussian:
+    """Isotropic Gaussian noise ``x + σ ε``, ``ε ~ N(0, I)`` (Cohen et al. 2019); param σ ≥ 0."""
+
+    def check_param(self, param) -> np.ndarray:
+        sigma = _scalar(param, "sigma")
+        if not (math.isfinite(sigma) and sigma >= 0.0):
+            raise ValueError(f"sigma={sigma} must be finite and in [0, inf)")
+        return np.float32(sigma)
+
+    def check_event(self, event_shape: tuple[int, ...]) -> None:
+        del event_shape  # any shape
+
+    def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
+        """``x[*event] + σ · N(0, I)``, noise drawn in ``x.dtype``."""
+        return x + jnp.asarray(param, x.dtype) * jax.random.normal(key, x.shape, x.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class BernoulliFlips:
+    """Independent concept flips ``F(c, η)``, ``η_i ~ Bern(ρ)`` (Lee et al. 2019); ρ ∈ [0, 1]."""
+
+    num_concepts: int
+
+    def __post_init__(self):
+        if self.num_concepts < 1:
+            raise ValueError(f"num_concepts={self.num_concepts} must be >= 1")
+
+    def check_param(self, param) -> np.ndarray:
+        rho = _scalar(param, "rho")
+        if not 0.0 <= rho <= 1.0:
+            raise ValueError(f"rho={rho} must be in [0, 1]")
+        return np.float32(rho)
+
+    def check_event(self, event_shape: tuple[int, ...]) -> None:
+        _check_event_vector(event_shape, self.num_concepts)
+
+    def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
+        """``F(c, η)`` for one ``c[2K + U]`` with ``η ~ Bern(ρ)^K``."""
+        self.check_event(x.shape)
+        eta = jax.random.bernoulli(key, param, (self.num_concepts,))  # [K]
+        return flip_pairs(x, eta, self.num_concepts)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedFlips:
+    """Flips exactly m uniformly chosen concepts (the τ-subset flips of SPEC §1); m ∈ [0, K].
+
+    A uniform random permutation ranks the concepts; those ranked below m are flipped, so every
+    subset of size m has probability ``1 / C(K, m)`` and m can be traced.
+    """
+
+    num_concepts: int
+
+    def __post_init__(self):
+        if self.num_concepts < 1:
+            raise ValueError(f"num_concepts={self.num_concepts} must be >= 1")
+
+    def check_param(self, param) -> np.ndarray:
+        m = _scalar(param, "m")
+        if not (m == int(m) and 0 <= m <= self.num_concepts):
+            raise ValueError(f"m={param!r} must be an integer in [0, {self.num_concepts}]")
+        return np.int32(m)
+
+    def check_event(self, event_shape: tuple[int, ...]) -> None:
+        _check_event_vector(event_shape, self.num_concepts)
+
+    def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
+        """``F(c, 1_S)`` for one ``c[2K + U]``, ``S`` uniform among subsets of size m."""
+        self.check_event(x.shape)
+        order = jax.random.permutation(key, self.num_concepts)  # [K]: concept at each rank
+        ranks = jnp.zeros(self.num_concepts, jnp.int32).at[order].set(
+            jnp.arange(self.num_concepts, dtype=jnp.int32)
+        )
+        return flip_pairs(x, ranks < param, self.num_concepts)
+
+
+@dataclasses.dataclass(frozen=True)
+class SphereShift:
+    """Shift ``x + ε u`` with u uniform on the unit L2 sphere, or in the unit ball; param ε ≥ 0.
+
+    ``u = g / ‖g‖₂`` with ``g ~ N(0, I)`` is uniform on the sphere (Muller 1959); scaling by
+    ``r = U^(1/d)``, ``U ~ U(0, 1)``, d = ``x.size``, makes it uniform in the ball.
+    """
+
+    ball: bool = False
+
+    def check_param(self, param) -> np.ndarray:
+        eps = _scalar(param, "eps")
+        if not (math.isfinite(eps) and eps >= 0.0):
+            raise ValueError(f"eps={eps} must be finite and in [0, inf)")
+        return np.float32(eps)
+
+    def check_event(self, event_shape: tuple[int, ...]) -> None:
+        if math.prod(event_shape) < 1:
+            raise ValueError(f"event shape {tuple(event_shape)} must have at least one element")
+
+    def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
+        """``x[*event] + ε u``, ``‖u‖₂ = 1`` (sphere) or ``≤ 1`` (ball), drawn in ``x.dtype``."""
+        direction_key, radius_key = jax.random.split(key)
+        g = jax.random.normal(direction_key, x.shape, x.dtype)
+        u = g / jnp.sqrt(jnp.sum(jnp.square(g)))
+        if self.ball:
+            u = u * jax.random.uniform(radius_key, (), x.dtype) ** (1.0 / x.size)
+        return x + jnp.asarray(param, x.dtype) * u
+
+
+def _check_event_vector(event_shape: tuple[int, ...], num_concepts: int) -> None:
+    if len(event_shape) != 1:
+        raise ValueError(
+            f"concept noise needs one flat vector c[2K + U] per input, got event shape "
+            f"{tuple(event_shape)}"
+        )
+    _check_concept_dim(event_shape, num_concepts, "concept representation")

@@ -1,0 +1,395 @@
+"""Monte Carlo sampling of a model under noise, in fixed-size chunks on all devices.
+
+The (input, sample) pairs of a run are flattened (sample index fastest) and cut into chunks of
+B pairs, the last one padded with copies of a valid pair whose results are dropped on the host.
+One jitted step maps a chunk to per-pair results; it depends only on B, the event shape/dtype
+and the static structure of the model and noise, so a run — or a sweep over σ/ρ/ε/m, inputs and
+sample counts — compiles once. The noise of sample j of global input i comes from
+``sample_key(key, i, j)`` (``cbcert.engine.keys``), hence results are bit-identical for any
+chunk size, batch of inputs, padding or device count. The step for chunk k+1 is dispatched
+before the results of chunk k are read back, so the devices never wait for the host.
+"""
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from cbcert.engine import sharding
+from cbcert.engine.keys import sample_key
+from cbcert.engine.noise import NoiseModel
+from cbcert.engine.progress import ProgressCallback, rich_callback
+
+# Per-device memory a chunk may use when the device does not report its capacity (CPU). Small
+# on purpose: on CPU, chunks whose activations outgrow the caches are slower (default world on
+# 2 cores: ~1200 samples/s at 8 pairs per chunk, ~700 at 32-64, ~880 at 512).
+DEFAULT_MAX_MEMORY = 8 * 2**20
+# Fraction of a reporting device's memory (GPU/TPU) a chunk may use by default.
+DEFAULT_MEMORY_FRACTION = 0.25
+# Larger chunks than this gain nothing measurable and delay the first progress update.
+MAX_CHUNK_PER_DEVICE = 2**14
+# Smaller chunks leave matmul units idle whatever the memory estimate says.
+MIN_CHUNK_PER_DEVICE = 8
+_PROBE_PAIRS_PER_DEVICE = 8
+_MAX_INDEX = 2**31
+
+
+def count_classes(
+    apply_fn: Callable,
+    params,
+    inputs,
+    noise: NoiseModel,
+    param,
+    key: jax.Array,
+    num_samples: int,
+    *,
+    num_classes: int,
+    indices=None,
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
+    mesh: Mesh | None = None,
+    progress: bool | ProgressCallback | None = None,
+    dtype=None,
+) -> np.ndarray:
+    """Counts of argmax labels of every head over noisy samples of every input.
+
+    ``counts[n, h, y] = #{j < num_samples : argmax_c apply_fn(params, x̃_nj)[h, c] = y}`` with
+    ``x̃_nj = noise.perturb(sample_key(key, indices[n], j), inputs[n], param)`` — the Monte Carlo
+    estimate behind ``PREDICT``/``CERTIFY`` of Cohen et al. (2019) and Lee et al. (2019). All H
+    heads see the same noisy sample.
+
+    Args:
+      apply_fn: ``apply_fn(params, x[B, *event]) -> logits[B, H, num_classes]``, pure and jittable.
+      params: pytree of arrays passed to ``apply_fn`` (replicated on every device).
+      inputs: ``[N, *event]`` clean inputs in the perturbation space (latents ``z`` or concept
+        representations ``c``).
+      noise: noise model (``cbcert.engine.noise``); ``param`` is its traced scale (σ, ρ, m, ε).
+      param: scalar noise scale, validated by ``noise.check_param``.
+      key: stream key (e.g. ``stream_key(root, STREAM_ESTIMATE)``), typed or raw ``uint32[2]``.
+      num_samples: noisy samples per input, ``>= 1``.
+      num_classes: C, the size of the logits' last axis.
+      indices: ``[N]`` global input indices (default ``arange(N)``); pass them when ``inputs``
+        is a subset or a batch of a larger run so the noise stays the same.
+      chunk_size: pairs per chunk B, rounded up to a multiple of the device count; default from
+        ``max_memory``.
+      max_memory: bytes per device a chunk may use when ``chunk_size`` is None (default: a
+        quarter of the device memory, or 8 MiB where the device does not report it).
+      mesh: device mesh to split chunks over (default: all devices, one ``"data"`` axis).
+      progress: True for a rich progress bar (silent off a terminal), a ``callback(done, total)``
+        or None/False for none.
+      dtype: optional compute dtype (e.g. ``jnp.bfloat16``) the noisy samples are cast to
+        before ``apply_fn``; noise is always drawn in the inputs' dtype.
+
+    Returns:
+      ``[N, H, num_classes]`` int64 counts; every ``counts[n, h].sum() == num_samples``.
+    """
+    if not (isinstance(num_classes, int | np.integer) and num_classes >= 1):
+        raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
+    body = _argmax_body(apply_fn, int(num_classes))
+    run = _Run.create(body, params, inputs, noise, param, key, num_samples, indices, chunk_size,
+                      max_memory, mesh, dtype)
+    counts = None
+
+    def consume(labels: np.ndarray, start: int, valid: int) -> None:
+        nonlocal counts
+        labels = labels[:valid]  # [v, H]
+        if counts is None:
+            counts = np.zeros((run.num_inputs, labels.shape[1], num_classes), np.int64)
+        first = start // run.num_samples
+        rows = (start + np.arange(valid)) // run.num_samples - first  # [v]
+        heads = labels.shape[1]
+        flat = (rows[:, None] * heads + np.arange(heads)) * num_classes + labels  # [v, H]
+        window = counts[first : first + rows[-1] + 1]
+        window += np.bincount(flat.ravel(), minlength=window.size).reshape(window.shape)
+
+    run.execute(consume, progress)
+    return counts
+
+
+def map_samples(
+    fn: Callable,
+    params,
+    inputs,
+    noise: NoiseModel,
+    param,
+    key: jax.Array,
+    num_samples: int,
+    *,
+    indices=None,
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
+    mesh: Mesh | None = None,
+    progress: bool | ProgressCallback | None = None,
+    dtype=None,
+):
+    """Per-sample results of ``fn`` on clean/noisy pairs (empirical PFR, CFR, DFS; SPEC §3).
+
+    Sample j of input n is ``x̃_nj = noise.perturb(sample_key(key, indices[n], j), inputs[n],
+    param)`` exactly as in ``count_classes``, so both see the same noise for the same key.
+
+    Args:
+      fn: ``fn(params, x_clean[B, *event], x_noisy[B, *event]) -> pytree of [B, ...]`` arrays,
+        pure and jittable (e.g. predictions and concept states of clean and noisy images).
+      params, inputs, noise, param, key, num_samples, indices, chunk_size, max_memory, mesh,
+      progress, dtype: as in ``count_classes`` (``dtype`` casts both clean and noisy inputs).
+
+    Returns:
+      The pytree of ``fn``'s outputs as numpy arrays ``[N, num_samples, ...]``.
+    """
+    run = _Run.create(fn, params, inputs, noise, param, key, num_samples, indices, chunk_size,
+                      max_memory, mesh, dtype)
+    flat_out = None
+
+    def consume(out, start: int, valid: int) -> None:
+        nonlocal flat_out
+        if flat_out is None:
+            flat_out = jax.tree.map(
+                lambda leaf: np.empty((run.num_pairs, *leaf.shape[1:]), leaf.dtype), out
+            )
+        for dst, src in zip(jax.tree.leaves(flat_out), jax.tree.leaves(out), strict=True):
+            dst[start : start + valid] = src[:valid]
+
+    run.execute(consume, progress)
+    return jax.tree.map(
+        lambda leaf: leaf.reshape(run.num_inputs, run.num_samples, *leaf.shape[1:]), flat_out
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _argmax_body(apply_fn: Callable, num_classes: int) -> Callable:
+    """Per-chunk body of ``count_classes``: labels ``[B, H]`` int32 of the noisy samples.
+
+    Cached so that repeated runs reuse one jitted step (and its compilation).
+    """
+
+    def body(params, x_clean, x_noisy):
+        del x_clean
+        logits = apply_fn(params, x_noisy)
+        if logits.ndim != 3 or logits.shape[0] != x_noisy.shape[0] or (
+            logits.shape[2] != num_classes
+        ):
+            raise ValueError(
+                f"apply_fn must return logits [B, H, num_classes={num_classes}] for "
+                f"x[B={x_noisy.shape[0]}, ...]; got shape {tuple(logits.shape)}"
+            )
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    return body
+
+
+@functools.lru_cache(maxsize=64)
+def _step(body: Callable, noise: NoiseModel, mesh: Mesh, key_impl: str | None, dtype) -> Callable:
+    """Jitted chunk step ``(params, x[B,*event], i[B], j[B], key_data, param) -> body outputs``.
+
+    Each device draws the noise of its own pairs and runs ``body`` on them (``shard_map``: the
+    partitioning is explicit, the compiler does not get to choose); the per-pair results are
+    then replicated (one all-gather of small outputs) so every process can read all of them.
+    """
+    def local(params, x, i, j, key_data, param):
+        key = key_data if key_impl is None else jax.random.wrap_key_data(key_data, impl=key_impl)
+        keys = jax.vmap(sample_key, in_axes=(None, 0, 0))(key, i, j)  # [b]
+        x_noisy = jax.vmap(noise.perturb, in_axes=(0, 0, None))(keys, x, param)  # [b, *event]
+        if dtype is not None:
+            x, x_noisy = x.astype(dtype), x_noisy.astype(dtype)
+        out = body(params, x, x_noisy)
+        for leaf in jax.tree.leaves(out):
+            if leaf.ndim < 1 or leaf.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"fn must return arrays with a leading batch axis of size {x.shape[0]}; "
+                    f"got shape {tuple(leaf.shape)}"
+                )
+        return out
+
+    spec = sharding.batch_spec(mesh)
+    return jax.jit(
+        jax.shard_map(local, mesh=mesh, in_specs=(P(), spec, spec, spec, P(), P()), out_specs=spec),
+        out_shardings=NamedSharding(mesh, P()),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """A validated sampling run: inputs on the host, the step, and the chunk plan."""
+
+    step: Callable
+    mesh: Mesh
+    params: object  # pytree replicated on ``mesh``
+    inputs: np.ndarray  # [N, *event]
+    indices: np.ndarray  # [N] int32, global input indices
+    num_inputs: int
+    num_samples: int
+    num_pairs: int
+    chunk: int  # pairs per chunk, a multiple of the device count
+    key_data: jax.Array
+    param: jax.Array
+
+    @classmethod
+    def create(cls, body, params, inputs, noise, param, key, num_samples, indices, chunk_size,
+               max_memory, mesh, dtype) -> "_Run":
+        inputs = np.asarray(inputs)
+        inputs = inputs.astype(jax.dtypes.canonicalize_dtype(inputs.dtype), copy=False)
+        if inputs.ndim < 1 or inputs.shape[0] < 1:
+            raise ValueError(f"inputs has shape {inputs.shape}; expected [N >= 1, *event]")
+        num_inputs, event_shape = inputs.shape[0], inputs.shape[1:]
+        if not (isinstance(num_samples, int | np.integer) and 1 <= num_samples < _MAX_INDEX):
+            raise ValueError(f"num_samples={num_samples!r} must be an integer in [1, 2**31)")
+        noise.check_event(event_shape)
+        param = noise.check_param(param)
+        indices = _check_indices(indices, num_inputs)
+        key_data, key_impl = _split_key(key)
+        mesh = sharding.default_mesh() if mesh is None else mesh
+        shards = sharding.num_shards(mesh)
+        step = _step(body, noise, mesh, key_impl, dtype)
+        params = sharding.put_replicated(mesh, params)
+        num_pairs = num_inputs * int(num_samples)
+        if chunk_size is None:
+            per_pair = _bytes_per_pair(step, mesh, params, event_shape, inputs.dtype,
+                                       key_data, param)
+            chunk_size = _auto_chunk_size(per_pair, _check_max_memory(max_memory, mesh),
+                                          num_pairs, shards)
+        elif not (isinstance(chunk_size, int | np.integer) and chunk_size >= 1):
+            raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1")
+        return cls(
+            step=step, mesh=mesh, params=params, inputs=inputs, indices=indices,
+            num_inputs=num_inputs, num_samples=int(num_samples), num_pairs=num_pairs,
+            chunk=-(-int(chunk_size) // shards) * shards,
+            key_data=sharding.put_replicated(mesh, key_data),
+            param=sharding.put_replicated(mesh, param),
+        )
+
+    def execute(self, consume: Callable, progress) -> None:
+        """Runs every chunk, calling ``consume(host_outputs, start, valid)`` in order."""
+        if progress is True:
+            with rich_callback("sampling") as callback:
+                self._loop(consume, callback)
+        else:
+            self._loop(consume, progress or None)
+
+    def _loop(self, consume: Callable, callback: ProgressCallback | None) -> None:
+        pending = None
+        for start in range(0, self.num_pairs, self.chunk):
+            out = self._dispatch(start)
+            if pending is not None:
+                self._finish(consume, callback, *pending)
+            pending = (out, start, min(self.chunk, self.num_pairs - start))
+        self._finish(consume, callback, *pending)
+
+    def _dispatch(self, start: int):
+        pairs = np.minimum(start + np.arange(self.chunk), self.num_pairs - 1)  # [B], padded
+        rows = pairs // self.num_samples
+        put = functools.partial(sharding.put_batch, self.mesh)
+        return self.step(
+            self.params,
+            put(self.inputs[rows]),
+            put(self.indices[rows]),
+            put((pairs % self.num_samples).astype(np.int32)),
+            self.key_data,
+            self.param,
+        )
+
+    def _finish(self, consume, callback, out, start: int, valid: int) -> None:
+        consume(sharding.fetch_replicated(out), start, valid)
+        if callback is not None:
+            callback(start + valid, self.num_pairs)
+
+
+def _check_indices(indices, num_inputs: int) -> np.ndarray:
+    if indices is None:
+        return np.arange(num_inputs, dtype=np.int32)
+    indices = np.asarray(indices)
+    if indices.shape != (num_inputs,) or not np.issubdtype(indices.dtype, np.integer):
+        raise ValueError(
+            f"indices has shape {indices.shape} and dtype {indices.dtype}; expected integers "
+            f"[N={num_inputs}]"
+        )
+    if indices.min() < 0 or indices.max() >= _MAX_INDEX:
+        raise ValueError(
+            f"indices range over [{indices.min()}, {indices.max()}]; allowed range [0, 2**31)"
+        )
+    return indices.astype(np.int32)
+
+
+def _split_key(key) -> tuple[np.ndarray | jax.Array, str | None]:
+    """Raw key data and the PRNG implementation name (None for a raw ``uint32`` key)."""
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.shape != ():
+            raise ValueError(f"key has shape {key.shape}; expected one scalar key")
+        return jax.random.key_data(key), jax.random.key_impl(key)
+    if key.dtype != jnp.uint32 or key.ndim != 1:
+        raise ValueError(
+            f"key has shape {key.shape} and dtype {key.dtype}; expected a jax.random.key or a "
+            "raw uint32 key"
+        )
+    return key, None
+
+
+def _check_max_memory(max_memory: int | None, mesh: Mesh) -> int:
+    if max_memory is not None:
+        if not (isinstance(max_memory, int | np.integer) and max_memory >= 1):
+            raise ValueError(f"max_memory={max_memory!r} must be a positive number of bytes")
+        return int(max_memory)
+    stats = mesh.devices.flat[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"] * DEFAULT_MEMORY_FRACTION)
+    return DEFAULT_MAX_MEMORY
+
+
+def _bytes_per_pair(step, mesh, params, event_shape, input_dtype, key_data, param) -> float:
+    """Per-device bytes one (input, sample) pair costs, from XLA's memory analysis.
+
+    Compiles the step for a small probe chunk and divides its temporaries, outputs and
+    per-pair arguments by the pairs each device holds. Where the backend gives no analysis,
+    falls back to four copies of the event (clean, key bits, noise, noisy). Cached per
+    configuration, so only the first run of a configuration pays for the probe.
+    """
+    leaves, treedef = jax.tree.flatten((params, key_data, param))
+    signature = (treedef, tuple((tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in leaves))
+    return _bytes_per_pair_cached(step, mesh, signature, tuple(event_shape),
+                                  np.dtype(input_dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _bytes_per_pair_cached(step, mesh, signature, event_shape, input_dtype) -> float:
+    treedef, avals = signature
+    replicated = NamedSharding(mesh, P())
+    params, key_data, param = jax.tree.unflatten(
+        treedef, [jax.ShapeDtypeStruct(shape, dtype, sharding=replicated) for shape, dtype in avals]
+    )
+    shards = sharding.num_shards(mesh)
+    probe = _PROBE_PAIRS_PER_DEVICE * shards
+    batch = NamedSharding(mesh, sharding.batch_spec(mesh))
+    args = (
+        params,
+        jax.ShapeDtypeStruct((probe, *event_shape), input_dtype, sharding=batch),
+        jax.ShapeDtypeStruct((probe,), jnp.int32, sharding=batch),
+        jax.ShapeDtypeStruct((probe,), jnp.int32, sharding=batch),
+        key_data,
+        param,
+    )
+    event_bytes = math.prod(event_shape) * input_dtype.itemsize
+    analysis = step.lower(*args).compile().memory_analysis()
+    if analysis is None:
+        return 4.0 * event_bytes
+    params_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in avals)
+    per_pair_args = max(analysis.argument_size_in_bytes - params_bytes, 0.0)
+    used = analysis.temp_size_in_bytes + analysis.output_size_in_bytes + per_pair_args
+    return max(used / _PROBE_PAIRS_PER_DEVICE, float(event_bytes))
+
+
+def _auto_chunk_size(per_pair: float, max_memory: int, num_pairs: int, shards: int) -> int:
+    """Largest power-of-two chunk per device within ``max_memory``, capped by the run's size.
+
+    At least ``MIN_CHUNK_PER_DEVICE`` pairs per device (the budget is a target, not a limit);
+    powers of two keep the batch friendly to matmul tiling and let runs of similar size share
+    one compilation.
+    """
+    fits = int(min(max(max_memory // per_pair, MIN_CHUNK_PER_DEVICE), MAX_CHUNK_PER_DEVICE))
+    per_device = 1 << (fits.bit_length() - 1)
+    needed = 1 << max(0, math.ceil(math.log2(-(-num_pairs // shards))))
+    return min(per_device, needed) * shards

@@ -1,0 +1,192 @@
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+
+from cbcert.engine import keys, noise, sampler
+
+D, H, C = 8, 2, 4
+WEIGHTS = np.asarray(jax.random.normal(jax.random.key(1), (D, H, C)))
+INPUTS = np.asarray(jax.random.normal(jax.random.key(2), (5, D)))
+KEY = keys.stream_key(jax.random.key(0), keys.STREAM_ESTIMATE)
+
+
+def linear_heads(params, x):
+    return jnp.einsum("bd,dhc->bhc", x, params)  # [B, H, C]
+
+
+def _counts(inputs=INPUTS, param=0.7, num_samples=50, fn=linear_heads, **kwargs):
+    return sampler.count_classes(
+        fn, WEIGHTS, inputs, noise.Gaussian(), param, KEY, num_samples, num_classes=C, **kwargs
+    )
+
+
+def test_counts_shape_and_totals():
+    counts = _counts(chunk_size=64)
+    assert counts.shape == (5, H, C) and counts.dtype == np.int64
+    np.testing.assert_array_equal(counts.sum(axis=-1), 50)
+
+
+@pytest.mark.parametrize("chunk_size", [7, 1000, None])
+def test_counts_are_identical_for_any_chunk_size(chunk_size):
+    np.testing.assert_array_equal(_counts(chunk_size=chunk_size), _counts(chunk_size=64))
+
+
+def test_counts_of_a_subset_match_the_full_run():
+    full = _counts(chunk_size=64)
+    subset = [4, 1, 3]
+    part = _counts(inputs=INPUTS[subset], indices=subset, chunk_size=7)
+    np.testing.assert_array_equal(part, full[subset])
+
+
+def test_counts_match_a_per_sample_reference():
+    counts = _counts(num_samples=20, chunk_size=64)
+    for n in range(5):
+        sample_keys = [keys.sample_key(KEY, n, j) for j in range(20)]
+        noisy = jnp.stack([noise.Gaussian().perturb(k, INPUTS[n], jnp.float32(0.7))
+                           for k in sample_keys])
+        labels = np.asarray(jnp.argmax(linear_heads(WEIGHTS, noisy), -1))  # [20, H]
+        for h in range(H):
+            np.testing.assert_array_equal(counts[n, h], np.bincount(labels[:, h], minlength=C))
+
+
+def test_raw_and_typed_keys_give_the_same_counts():
+    typed = _counts(chunk_size=64)
+    raw = sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.Gaussian(), 0.7,
+                                jax.random.key_data(KEY), 50, num_classes=C, chunk_size=64)
+    np.testing.assert_array_equal(typed, raw)
+
+
+def test_linear_classifier_matches_closed_form():
+    # For f(x) = 1[w·x > 0], P[f(x + σε) = 1] = Φ(w·x / (σ‖w‖)) (Cohen et al. 2019, §3.1).
+    w = np.array([1.0, -2.0, 0.5], np.float32)
+    x = np.array([[0.3, 0.1, 0.2], [-0.2, 0.0, 0.1], [1.0, 1.0, 1.0]], np.float32)
+    sigma, n = 0.5, 4000
+
+    def binary(params, z):
+        score = z @ params  # [B]
+        return jnp.stack([jnp.zeros_like(score), score], -1)[:, None, :]  # [B, 1, 2]
+
+    counts = sampler.count_classes(binary, w, x, noise.Gaussian(), sigma, KEY, n,
+                                   num_classes=2, chunk_size=512)
+    p = scipy.stats.norm.cdf(x @ w / (sigma * np.linalg.norm(w)))
+    # Binomial sd <= sqrt(0.25/4000) = 0.0079; 0.04 is > 5 sd (failure probability < 1e-6).
+    np.testing.assert_allclose(counts[:, 0, 1] / n, p, atol=0.04)
+
+
+def test_one_trace_per_configuration():
+    traced = chex.assert_max_traces(n=1)(lambda params, x: linear_heads(params, x))
+    first = sampler.count_classes(traced, WEIGHTS, INPUTS, noise.Gaussian(), 0.3, KEY, 30,
+                                  num_classes=C, chunk_size=16)
+    # A new scale, other inputs, another N and another sample count reuse the same step.
+    sampler.count_classes(traced, WEIGHTS, INPUTS[:2], noise.Gaussian(), 0.9, KEY, 70,
+                          num_classes=C, chunk_size=16, indices=[3, 4])
+    again = sampler.count_classes(traced, WEIGHTS, INPUTS, noise.Gaussian(), 0.3, KEY, 30,
+                                  num_classes=C, chunk_size=16)
+    np.testing.assert_array_equal(first, again)
+
+
+def test_automatic_chunk_compiles_at_most_twice_and_respects_memory():
+    traces = []
+
+    def counted(params, x):
+        traces.append(x.shape[0])
+        return linear_heads(params, x)
+
+    small = _counts(fn=counted, max_memory=4096)
+    first_run = len(traces)
+    _counts(fn=counted, max_memory=4096, param=0.2)
+    # The probe compile, then the chunk it picked (the same shape if it picked the probe size).
+    assert len(traces) == first_run <= 2 and traces[0] == sampler._PROBE_PAIRS_PER_DEVICE
+    assert sampler.MIN_CHUNK_PER_DEVICE <= traces[-1] < 64  # 4 KiB cannot hold 64 pairs
+    np.testing.assert_array_equal(small, _counts(chunk_size=64))
+
+
+def test_auto_chunk_size_rounds():
+    assert sampler._auto_chunk_size(100.0, 10_000, 1000, 1) == 64
+    assert sampler._auto_chunk_size(100.0, 12_800, 1000, 1) == 128
+    assert sampler._auto_chunk_size(1.0, 2**30, 300, 1) == 512
+    assert sampler._auto_chunk_size(1.0, 2**30, 10**9, 4) == sampler.MAX_CHUNK_PER_DEVICE * 4
+    assert sampler._auto_chunk_size(1e9, 10, 1000, 8) == sampler.MIN_CHUNK_PER_DEVICE * 8
+    assert sampler._auto_chunk_size(1e9, 10, 3, 1) == 4
+
+
+def test_concept_noise_counts_are_deterministic():
+    k = 3
+    concepts = np.asarray(jax.random.normal(jax.random.key(5), (4, 2 * k + 2)))
+    weights = np.asarray(jax.random.normal(jax.random.key(6), (2 * k + 2, 1, 3)))
+    # FixedFlips is covered on 8 devices in test_engine_sharding.py.
+    runs = [
+        sampler.count_classes(linear_heads, weights, concepts, noise.BernoulliFlips(k), 0.3, KEY,
+                              40, num_classes=3, chunk_size=size)
+        for size in (7, 64)
+    ]
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert (runs[0].max(axis=-1) < 40).any()  # the flips do change some predictions
+
+
+def test_map_samples_sees_the_noise_of_count_classes():
+    def fn(params, clean, noisy):
+        return {"label": jnp.argmax(linear_heads(params, noisy), -1),
+                "shift": jnp.linalg.norm(noisy - clean, axis=-1)}
+
+    out = sampler.map_samples(fn, WEIGHTS, INPUTS, noise.SphereShift(), 0.25, KEY, 30,
+                              chunk_size=7)
+    assert out["label"].shape == (5, 30, H) and out["shift"].shape == (5, 30)
+    np.testing.assert_allclose(out["shift"], 0.25, rtol=1e-5)
+    counts = sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.SphereShift(), 0.25,
+                                   KEY, 30, num_classes=C, chunk_size=64)
+    for h in range(H):
+        rebuilt = np.stack([np.bincount(row, minlength=C) for row in out["label"][:, :, h]])
+        np.testing.assert_array_equal(rebuilt, counts[:, h])
+    part = sampler.map_samples(fn, WEIGHTS, INPUTS[[2]], noise.SphereShift(), 0.25, KEY, 30,
+                               indices=[2], chunk_size=64)
+    np.testing.assert_array_equal(part["label"][0], out["label"][2])
+
+
+def test_bfloat16_hook_casts_the_model_input():
+    seen = []
+
+    def fn(params, x):
+        seen.append(x.dtype)
+        return linear_heads(params.astype(x.dtype), x).astype(jnp.float32)
+
+    counts = _counts(fn=fn, chunk_size=64, dtype=jnp.bfloat16)
+    assert seen == [jnp.bfloat16]
+    np.testing.assert_array_equal(counts.sum(-1), 50)
+
+
+def test_progress_callback_reports_every_chunk():
+    calls = []
+    _counts(chunk_size=64, num_samples=30, progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(64, 150), (128, 150), (150, 150)]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_samples": 0}, "num_samples=0"),
+        ({"num_samples": 2.5}, "num_samples=2.5"),
+        ({"inputs": np.zeros((0, D))}, "inputs has shape"),
+        ({"indices": [0, 1]}, "indices has shape"),
+        ({"indices": [0, 1, 2, 3, -1]}, "indices range over \\[-1, 3\\]"),
+        ({"chunk_size": 0}, "chunk_size=0"),
+        ({"max_memory": -5}, "max_memory=-5"),
+        ({"param": -1.0}, "sigma=-1.0"),
+        ({"fn": lambda p, x: linear_heads(p, x)[:, 0]}, "apply_fn must return logits"),
+    ],
+)
+def test_bad_arguments_raise_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _counts(**kwargs)
+
+
+def test_bad_num_classes_and_key():
+    with pytest.raises(ValueError, match="num_classes=0"):
+        sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.Gaussian(), 0.1, KEY, 5,
+                              num_classes=0)
+    with pytest.raises(ValueError, match="key has shape"):
+        sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.Gaussian(), 0.1,
+                              jnp.zeros(2, jnp.float32), 5, num_classes=C)
