@@ -4,19 +4,22 @@ The PyTorch baseline follows the structure of ``Smooth._sample_noise`` described
 Rosenfeld & Kolter (ICML 2019): for each input, repeat it ``batch`` times, add Gaussian noise,
 take the argmax of the logits and accumulate a bincount, until ``num`` samples are drawn.
 The engine runs ``cbcert.engine.sampler.count_classes`` on the same architecture with the same
-weights (copied from torch). Printed: samples/s, ratios, achieved FLOP/s against a measured
-float32 matmul peak (MFU), and the bfloat16 paths.
+weights. Printed: samples/s, ratios, achieved FLOP/s against a measured float32 matmul peak
+(MFU), and the bfloat16 paths.
 
     PYTHONPATH=. python benchmarks/engine_throughput.py            # full run, < 5 min on 2 cores
     PYTHONPATH=. python benchmarks/engine_throughput.py --quick    # smoke run
+    PYTHONPATH=. python benchmarks/engine_throughput.py --case world
 
 Cases: (a) a ResNet-18-sized classifier (torchvision layout, 1000 classes) on 64×64 images with
-random weights; (b) the built-in default world pipeline (generator + 4 heads, flax) when
-importable, against a batch-8 jitted JAX loop since it has no PyTorch twin; (c) a small MLP on
-latents, where per-batch overhead dominates.
+random weights (copied from torch to JAX); (b) the built-in default world pipeline
+``f_m(g2(D(E(g1(z)))))`` for m in std/cbm/proto on the same noisy latent, against its PyTorch
+twin ``benchmarks/world_torch.py`` loaded with the same weights (copied from JAX to torch; the
+shipped trained weights when present, else ``untrained_world()``); (c) a small MLP on latents,
+where per-batch overhead dominates.
 """
-
 import argparse
+import copy
 import os
 import platform
 import sys
@@ -74,17 +77,24 @@ def matmul_gflops(n: int = 1024) -> dict[str, float]:
 
 
 def cohen_loop(model, x: torch.Tensor, num: int, batch: int, num_classes: int) -> np.ndarray:
-    """Counts of argmax labels of ``model`` on ``num`` noisy copies of one input ``x[*event]``."""
-    counts = np.zeros(num_classes, np.int64)
+    """Counts ``[H, num_classes]`` of argmax labels of ``model`` on ``num`` noisy copies of ``x``.
+
+    ``model(x[b, *event])`` returns logits ``[b, C]`` (one head) or ``[b, H, C]``.
+    """
+    counts = None
     remaining = num
     with torch.inference_mode():
         while remaining > 0:
             size = min(batch, remaining)
             remaining -= size
             copies = x.unsqueeze(0).repeat(size, *([1] * x.dim()))
-            predictions = model(copies + SIGMA * torch.randn_like(copies)).argmax(1)
-            counts += torch.bincount(predictions, minlength=num_classes).numpy()
-    return counts
+            predictions = model(copies + SIGMA * torch.randn_like(copies)).argmax(-1)
+            predictions = predictions.reshape(size, -1)  # [b, H]
+            heads = predictions.shape[1]
+            flat = (torch.arange(heads) * num_classes + predictions).ravel()
+            found = torch.bincount(flat, minlength=heads * num_classes).numpy()
+            counts = found if counts is None else counts + found
+    return counts.reshape(-1, num_classes)
 
 
 def torch_rates(model, inputs: torch.Tensor, num: int, batches, num_classes: int) -> dict:
@@ -305,51 +315,143 @@ def case_mlp(quick: bool, peak: float) -> None:
 
 # ------------------------------------------------------------- (b) the default world pipeline
 
+WORLD_MODELS = ("std", "cbm", "proto")
+
+
+def load_default_world():
+    """The default world with the shipped trained weights if present, else untrained ones."""
+    from cbcert import builtin, checkpoint
+
+    if (builtin.weights_path("default") / checkpoint.MANIFEST).is_file():
+        return builtin.load_builtin("default"), "trained (shipped checkpoint)"
+    return builtin.untrained_world("default"), "untrained_world() (no shipped checkpoint yet)"
+
+
+def torch_world(world, clf_params) -> nn.Module:
+    """The PyTorch twin of ``world.latent_apply(WORLD_MODELS)`` with ``clf_params``."""
+    from world_torch import WorldTorch
+
+    from cbcert.generators.world import WorldConfig
+
+    to_numpy = lambda tree: jax.tree.map(np.asarray, tree)  # noqa: E731
+    return WorldTorch(WorldConfig.from_preset("default"), to_numpy(world.generator.params),
+                      to_numpy(clf_params), WORLD_MODELS).eval()
+
+
+def world_parity(world, apply_fn, params, model, z: np.ndarray, label: str) -> None:
+    """Prints max |Δ image|, max |Δ logits| and argmax agreement per head, torch vs JAX."""
+    jax_images = np.asarray(jax.jit(world.latent_images)(params, z))  # [B, H, W, 3]
+    jax_logits = np.asarray(jax.jit(apply_fn)(params, z))  # [B, heads, C]
+    with torch.inference_mode():
+        torch_images = model.generator(torch.from_numpy(z)).permute(0, 2, 3, 1).numpy()
+        torch_logits = model(torch.from_numpy(z)).numpy()
+    agree = (jax_logits.argmax(-1) == torch_logits.argmax(-1)).mean(0)
+    print(f"  parity ({label}, {len(z)} noisy latents): max |Δ image| "
+          f"{np.abs(jax_images - torch_images).max():.1e}, max |Δ logits| "
+          f"{np.abs(jax_logits - torch_logits).max():.1e} (logit scale "
+          f"{np.abs(jax_logits).max():.1f}), argmax agreement "
+          + ", ".join(f"{m} {a:.2%}" for m, a in zip(WORLD_MODELS, agree, strict=True)))
+
+
+def with_alphas(clf_params, value: float):
+    """Copy of the classifier params with every SkipInit ``alpha`` set to ``value``."""
+    backbone = {name: ({**block, "alpha": jnp.asarray(value, jnp.float32)}
+                       if "alpha" in block else block)
+                for name, block in clf_params["backbone"].items()}
+    return {**clf_params, "backbone": backbone}
+
+
+def torch_matmul_flops(model: nn.Module, z: torch.Tensor) -> float:
+    """Conv + matmul FLOPs per sample of ``model(z)``, counted by PyTorch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.inference_mode(), counter:
+        model(z)
+    return counter.get_total_flops() / len(z)
+
+
+def count_agreement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per head, the fraction of sample labels two count tables ``[N, H, C]`` share."""
+    return np.minimum(a, b).sum(axis=(0, 2)) / a.sum(axis=(0, 2))
+
 
 def case_world(quick: bool, peak: float) -> None:
-    print("\n(b) default-world pipeline: generator g(z) + std/cbm/cbmh/proto heads")
-    try:
-        from flax import nnx
-
-        from cbcert.generators.world import WorldConfig, make_world
-        from cbcert.models.world_nets import NetConfig, WorldClassifiers
-    except ImportError as error:
-        print(f"  skipped: the world pipeline is not importable yet ({error})")
-        return
-    world = make_world(WorldConfig())
-    generator = world.generator
-    graph, state = nnx.split(WorldClassifiers(NetConfig(num_classes=world.num_classes),
-                                              rngs=nnx.Rngs(0)))
-
-    def pipeline(params, z):  # [B, d] -> [B, 4, C]
-        gen_params, net_state = params
-        return nnx.merge(graph, net_state).heads(generator.image(gen_params, z))
-
-    params = (generator.params, state)
-    latents = np.asarray(world.sample_latents(jax.random.key(1), 2))
-    flops = flops_per_sample(pipeline, params, latents.shape[1:])
-    num = 64 if quick else 256
+    print(f"\n(b) default-world pipeline: generator g(z) = g2(D(E(g1(z)))) + "
+          f"{'/'.join(WORLD_MODELS)} heads on the same noisy latent")
+    world, source = load_default_world()
+    apply_fn = world.latent_apply(WORLD_MODELS)
+    params = world.params
     classes = world.num_classes
+    model = torch_world(world, world.classifier_params)
+    print(f"  weights: {source}; {classes} classes, latent d={world.generator.latent_dim}, "
+          f"images {world.generator.image_shape}")
 
-    # Baseline: Cohen's loop with a jitted JAX model at batch 8 (host-side loop and bincount).
-    forward = jax.jit(lambda p, z, k: jnp.argmax(
-        pipeline(p, z[None] + SIGMA * jax.random.normal(k, (8, *z.shape))), -1))
+    latents = np.asarray(jax.random.normal(jax.random.key(1), (2, world.generator.latent_dim)))
+    probe = np.repeat(latents, 256, axis=0)
+    probe = probe + SIGMA * np.random.default_rng(2).standard_normal(probe.shape, np.float32)
+    world_parity(world, apply_fn, params, model, probe, "benchmarked weights")
+    alphas = [block["alpha"] for block in world.classifier_params["backbone"].values()
+              if "alpha" in block]
+    if all(float(alpha) == 0.0 for alpha in alphas):
+        # SkipInit alphas of 0 hide the residual convs from the logits; check them too.
+        perturbed = with_alphas(world.classifier_params, 0.5)
+        world_parity(world, apply_fn, {**params, "clf": perturbed},
+                     torch_world(world, perturbed), probe, "SkipInit alpha = 0.5")
 
-    def loop():
-        for n, z in enumerate(latents):
-            for b in range(num // 8):
-                labels = np.asarray(forward(params, z, jax.random.key(n * 10**6 + b)))
-                np.bincount(labels[:, 0], minlength=classes)
+    flops = flops_per_sample(apply_fn, params, latents.shape[1:])
+    matmul_flops = torch_matmul_flops(model, torch.from_numpy(probe[:8]))
+    print(f"  forward pass: {flops / 1e6:.1f} MFLOP/sample (XLA cost analysis, all ops); "
+          f"{matmul_flops / 1e6:.1f} MFLOP/sample in convs and matmuls (torch FlopCounterMode)")
 
-    loop_rate = len(latents) * num / best_time(loop, 3)
-    print(f"  forward pass: {flops / 1e6:.2f} MFLOP/sample (XLA cost analysis)")
-    print(f"  jitted JAX loop, batch 8    : {loop_rate:10.0f} samples/s   "
-          f"MFU {loop_rate * flops / 1e9 / peak:.1%}")
-    for chunk in (None, 8, 64):
-        engine = engine_rate(pipeline, params, latents, num, classes, 3, chunk_size=chunk)
-        name = f"engine fp32, chunk {chunk or 'auto'}"
-        print(f"  {name:<28}: {engine:10.0f} samples/s   x{engine / loop_rate:.2f} vs batch-8 "
-              f"loop, MFU {engine * flops / 1e9 / peak:.1%}")
+    num = 128 if quick else 512
+    # PyTorch first, before XLA's thread pool is busy in this case.
+    rates = torch_rates(model, torch.from_numpy(latents), num,
+                        (8, 128) if quick else (8, 32, 128, 512), classes)
+    best_batch = max(rates, key=rates.get)
+    torch_bf16 = TorchMixedBF16(model)
+    rates_bf16 = torch_rates(torch_bf16, torch.from_numpy(latents), num, (best_batch,), classes)
+
+    def mixed_bf16(p, z):  # generator in fp32, classifiers (weights and images) in bf16
+        clf = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a,
+                           p["clf"])
+        images = world.latent_images(p, z).astype(jnp.bfloat16)
+        return world.classify(clf, images, WORLD_MODELS).astype(jnp.float32)
+
+    engine = {}
+    for chunk in (None, 8, 64, 512):
+        engine[f"engine fp32, chunk {chunk or 'auto'}"] = engine_rate(
+            apply_fn, params, latents, num, classes, 3, chunk_size=chunk)
+    engine["engine dtype=bf16 (as shipped)"] = engine_rate(
+        apply_fn, params, latents, num, classes, 3, dtype=jnp.bfloat16)
+    engine["engine bf16 classifiers"] = engine_rate(mixed_bf16, params, latents, num, classes, 3)
+    report(rates, best_batch, engine, flops, peak)
+    rate = rates_bf16[best_batch]
+    print(f"  torch bf16 classifiers, batch {best_batch}: {rate:10.0f} samples/s   "
+          f"x{rate / rates[best_batch]:.2f} vs torch fp32 at that batch")
+
+    key = keys.stream_key(jax.random.key(0), keys.STREAM_ESTIMATE)
+    reference = sampler.count_classes(apply_fn, params, latents, noise.Gaussian(), SIGMA, key,
+                                      num, num_classes=classes)
+    for name, kwargs, fn in (("dtype=bf16 (as shipped)", {"dtype": jnp.bfloat16}, apply_fn),
+                             ("bf16 classifiers", {}, mixed_bf16)):
+        counts = sampler.count_classes(fn, params, latents, noise.Gaussian(), SIGMA, key, num,
+                                       num_classes=classes, **kwargs)
+        print(f"  label agreement with fp32 on the same noise, {name}: " + ", ".join(
+            f"{m} {a:.2%}" for m, a in zip(WORLD_MODELS, count_agreement(reference, counts),
+                                            strict=True)))
+
+
+class TorchMixedBF16(nn.Module):
+    """The torch twin with the generator in fp32 and the classifiers in bf16."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.generator = model.generator
+        self.classifiers = copy.deepcopy(model.classifiers).to(torch.bfloat16)
+
+    def forward(self, z):
+        return self.classifiers(self.generator(z).to(torch.bfloat16)).float()
 
 
 # --------------------------------------------------------------------------------- reporting
@@ -360,7 +462,7 @@ def report(rates: dict, best_batch: int, engine: dict, flops: float, peak: float
         print(f"  torch loop, batch {batch:<5}: {rate:10.0f} samples/s   "
               f"MFU {rate * flops / 1e9 / peak:.1%}")
     for name, rate in engine.items():
-        print(f"  {name:<28}: {rate:10.0f} samples/s   x{rate / rates[8]:.2f} vs batch 8, "
+        print(f"  {name:<31}: {rate:10.0f} samples/s   x{rate / rates[8]:.2f} vs batch 8, "
               f"x{rate / rates[best_batch]:.2f} vs best torch (batch {best_batch}), "
               f"MFU {rate * flops / 1e9 / peak:.1%}")
 
@@ -368,6 +470,8 @@ def report(rates: dict, best_batch: int, engine: dict, flops: float, peak: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (smoke test)")
+    parser.add_argument("--case", choices=("all", "resnet18", "world", "mlp"), default="all",
+                        help="run one case only (default: all)")
     args = parser.parse_args()
     print("command:", " ".join([sys.executable, *sys.argv]))
     print(f"python {platform.python_version()}, jax {jax.__version__}, numpy {np.__version__}, "
@@ -381,9 +485,10 @@ def main() -> None:
     print("matmul 1024^3 GFLOP/s: " + ", ".join(f"{k} {v:.0f}" for k, v in matmul.items()))
     print(f"MFU below is relative to the measured fp32 peak {peak:.0f} GFLOP/s")
     started = time.perf_counter()
-    case_resnet18(args.quick, peak)
-    case_world(args.quick, peak)
-    case_mlp(args.quick, peak)
+    cases = {"resnet18": case_resnet18, "world": case_world, "mlp": case_mlp}
+    for name, case in cases.items():
+        if args.case in ("all", name):
+            case(args.quick, peak)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 

@@ -69,15 +69,13 @@ def load_builtin(preset: str = "default", weights: str | Path | None = None) -> 
             f"no trained weights for world preset {preset!r} at {path}; "
             f"train them with `certify train world --preset {preset}`"
         )
-    net_config = net_config_for(config)
-    graphdef, state = abstract_classifiers(net_config)
-    target = nnx.to_pure_dict(state)
-    params, manifest = checkpoint.load(path, target)
-    if manifest.get("world_config") != _config_dict(config):
+    trained_for = checkpoint.read_manifest(path).get("world_config")
+    if trained_for != _config_dict(config):
         raise checkpoint.CheckpointError(
-            f"{path}: weights were trained for world {manifest.get('world_config')}, "
-            f"not for preset {preset!r}"
+            f"{path}: weights were trained for world {trained_for}, not for preset {preset!r}"
         )
+    graphdef, state = abstract_classifiers(net_config_for(config))
+    params, manifest = checkpoint.load(path, nnx.to_pure_dict(state))
     world = make_world(config)
     classify, concept_scores = classifier_functions(graphdef, state)
     return World(

@@ -31,10 +31,15 @@ def _models(value: str) -> tuple[str, ...]:
 
 
 def _load_world(preset: str):
+    """A world directory (``world.json``) if ``preset`` is an existing directory, else a preset."""
     from cbcert.builtin import load_builtin
     from cbcert.checkpoint import CheckpointError
 
     try:
+        if Path(preset).is_dir():
+            from cbcert.worlds import load_world_dir
+
+            return load_world_dir(preset)
         return load_builtin(preset)
     except CheckpointError as err:
         raise click.ClickException(str(err)) from None
@@ -99,7 +104,8 @@ def _certify_options(fn):
         click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32",
                      show_default=True, help="Compute dtype of generator and classifiers."),
         click.option("--world", "world_name", default="default", show_default=True,
-                     help="Built-in world preset (default, k8, k16, px64, similar5, …)."),
+                     help="Built-in world preset (default, k8, k16, px64, similar5, …) or "
+                          "a world directory with a world.json."),
         click.option("--seed", type=int, default=0, show_default=True,
                      help="Root seed of the pool and of all noise."),
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -147,6 +153,7 @@ def _run_certification(noise: str, scale: float, mode: str, opts: dict, default_
         raise click.BadParameter(str(err), param_hint="--models") from None
     if "std" not in world.model_names or "cbm" not in world.model_names:
         raise click.ClickException("the agreement set needs a world with 'std' and 'cbm' models")
+    _require_concepts(world, noise != "gaussian")
     job = CertifyJob(noise=noise, scale=scale, mode=mode, n0=opts["n0"], n=opts["n"],
                      alpha=opts["alpha"], two_class=opts["two_class"], models=models,
                      seed=opts["seed"], num_inputs=opts["inputs"], batch=opts["batch"],
@@ -163,6 +170,12 @@ def _run_certification(noise: str, scale: float, mode: str, opts: dict, default_
     if not opts["quiet"]:
         _print_summary(summary, job, world, out)
     return summary
+
+
+def _require_concepts(world, needed: bool) -> None:
+    if needed and world.generator.num_concepts == 0:
+        raise click.ClickException(f"{world.name} has no concept bottleneck (no CB-AE): "
+                                   "concept-space commands are unavailable")
 
 
 def _print_summary(summary: dict, job, world, out: Path) -> None:
@@ -268,7 +281,8 @@ def world() -> None:
               help="Show each sample beside its counterfactual with this concept flipped.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("grid.png"),
               show_default=True)
-@click.option("--world", "world_name", default="default", show_default=True)
+@click.option("--world", "world_name", default="default", show_default=True,
+              help="Built-in world preset (default, k8, k16, px64, similar5, …).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def world_show(n: int, flip: int | None, out: Path, world_name: str, seed: int) -> None:
     """Render a grid of samples with their concept vectors and class names."""
@@ -361,7 +375,7 @@ def _budget_list(value: str, flag: str, parse, rule: str) -> tuple:
 @click.option("--batch", type=int, default=100, show_default=True,
               help="Inputs per engine call (unit of progress and resumption).")
 @click.option("--world", "world_name", default="default", show_default=True,
-              help="Built-in world preset.")
+              help="Built-in world preset or a world directory with a world.json.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Root seed of the pool, the perturbations and the subsets.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -484,7 +498,7 @@ def _print_perturb(result, job, world_obj, out: Path) -> None:
 @click.option("--models", default="std,cbm,proto", show_default=True,
               help="Comma-separated models, each attacked on its own.")
 @click.option("--world", "world_name", default="default", show_default=True,
-              help="Built-in world preset.")
+              help="Built-in world preset or a world directory with a world.json.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Root seed of the pool, the random starts and all noise.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -524,6 +538,7 @@ def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss
         raise click.BadParameter(str(err), param_hint="--models") from None
     if "std" not in world_obj.model_names or "cbm" not in world_obj.model_names:
         raise click.ClickException("the agreement set needs a world with 'std' and 'cbm' models")
+    _require_concepts(world_obj, space == "concept")
     if loss == "dlr" and world_obj.num_classes < 3:
         raise click.BadParameter(f"DLR needs >= 3 classes, {world_obj.name} has "
                                  f"{world_obj.num_classes}", param_hint="--loss")
@@ -614,3 +629,103 @@ def convert_cmd(kind, checkpoint, out_dir, backbone, backbone_path, concept_bank
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     console.print(f"wrote {out_dir} ({manifest.get('kind', kind)})")
+
+
+# ---------------------------------------------------------------------------- sweeps and reports
+
+
+@contextlib.contextmanager
+def _sweep_progress(quiet: bool):
+    """``cell name -> callback(done, total)``: one rich bar per cell; None when quiet/no TTY."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  console=err_console) as bar:
+
+        def for_cell(name: str):
+            task = bar.add_task(name, total=None)
+            return lambda done, total: bar.update(task, completed=done, total=total)
+
+        yield for_cell
+
+
+def _sweep_world(preset: str):
+    from cbcert.builtin import load_builtin
+    from cbcert.checkpoint import CheckpointError
+
+    try:
+        return load_builtin(preset)
+    except CheckpointError as err:
+        raise click.ClickException(str(err)) from None
+    except ValueError as err:
+        raise click.BadParameter(f"section 'world', key 'preset': {err}",
+                                 param_hint="CONFIG") from None
+
+
+@main.command("sweep")
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Sweep directory (default results/<config file name>); rerunning resumes.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars and no per-cell lines.")
+def sweep_cmd(config_path: Path, out: Path | None, quiet: bool) -> None:
+    """Run every cell of an experiment config into OUT/<cell>/ and write OUT/manifest.json.
+
+    Cells: one certification per σ (latent) and per ρ and fixed flip count m (concept), one
+    perturb run with all budgets, one attack run. Only the sections the file names are swept
+    (all four if it names none). Interrupted sweeps resume when rerun with the same --out.
+
+    Example: certify sweep configs/reference.yaml --out results/reference
+    """
+    from cbcert import sweep
+    from cbcert.certify.runner import PoolTooSmallError, RunMismatchError
+    from cbcert.config import load_config
+
+    try:
+        config = load_config(config_path)
+        sections = sweep.sections_in_file(config_path)
+    except ConfigError as err:
+        raise click.BadParameter(str(err), param_hint="CONFIG") from None
+    out = out or Path("results") / config_path.stem
+
+    def done(cell, summary) -> None:
+        if not quiet:
+            console.print(f"{cell.name}: done, records and summary in {out / cell.name}/")
+
+    try:
+        with _sweep_progress(quiet) as progress:
+            sweep.run_sweep(config, out, sections=sections, load_world=_sweep_world,
+                            progress=progress, on_cell=done)
+    except RunMismatchError as err:
+        raise click.BadParameter(str(err), param_hint="--out") from None
+    except PoolTooSmallError as err:
+        raise click.BadParameter(f"section 'world', key 'num_inputs': {err}",
+                                 param_hint="CONFIG") from None
+    except ConfigError as err:
+        raise click.BadParameter(f"{config_path}: {err}", param_hint="CONFIG") from None
+    if not quiet:
+        console.print(f"sweep finished; manifest in {out / sweep.MANIFEST}; "
+                      f"tables and figures: certify report {out}")
+
+
+@main.command("report")
+@click.argument("run_dir", metavar="RUN_DIR",
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--quiet", "-q", is_flag=True, help="No notes and no list of written files.")
+def report_cmd(run_dir: Path, quiet: bool) -> None:
+    """Markdown + CSV tables and PNG figures of a sweep (or one runner's) directory.
+
+    Written to RUN_DIR/report/; figures whose data are absent are skipped with a note.
+
+    Example: certify report results/reference
+    """
+    from cbcert import report
+
+    try:
+        written = report.write_report(run_dir, log=(lambda _: None) if quiet else console.print)
+    except report.ReportError as err:
+        raise click.BadParameter(str(err), param_hint="RUN_DIR") from None
+    if not quiet:
+        console.print(f"wrote {len(written)} files to {run_dir / report.REPORT_DIR}/")

@@ -276,6 +276,12 @@ class AttackConfig(_Section):
     smoothed: bool = False
     # Noise samples per gradient of the smoothed classifier's expected softmax (EOT).
     eot: int = field(default=8, metadata=_rule("count"))
+    # Agreement inputs attacked (APGD is far costlier per input than certification).
+    inputs: int = field(default=64, metadata=_rule("count"))
+    # Smoothing scale of smoothed attacks: σ for space latent, ρ for space concept; PREDICT
+    # then uses the n and alpha of the latent or concept section.
+    sigma: float = field(default=0.25, metadata=_rule("sigma"))
+    rho: float = field(default=0.2, metadata=_rule("rho"))
 
 
 _SECTIONS: Mapping[str, type[_Section]] = types.MappingProxyType(

@@ -42,8 +42,9 @@ class TrainConfig:
 
     seed: int = 0
     batch: int = 128
-    pretrain_steps: int = 1200
-    backbone_steps: int = 800
+    pretrain_steps: int = 2000
+    backbone_steps: int = 600
+    finetune_lr: float = 1e-3
     backbone_lr: float = 2e-3
     embed_samples: int = 16384
     cav_steps: int = 600
@@ -149,7 +150,7 @@ def train(world: World, config: TrainConfig, log: Callable[[str], None] = print)
     trained = _fit(
         std_loss,
         {"backbone": params["backbone"], "std_head": params["std_head"]},
-        config.backbone_steps, config.backbone_lr, jax.random.fold_in(root, 1), log, "std",
+        config.backbone_steps, config.finetune_lr, jax.random.fold_in(root, 1), log, "std",
     )
     params = {**params, **trained}
 

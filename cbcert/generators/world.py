@@ -262,10 +262,12 @@ def render(config: WorldConfig, params, a: jax.Array, u: jax.Array) -> jax.Array
     dx, dy = X - cx, Y - cy
     xr = jnp.cos(theta) * dx + jnp.sin(theta) * dy
     yr = -jnp.sin(theta) * dx + jnp.cos(theta) * dy
-    p = xr / (radius * (1.0 + 0.55 * on("elongated")))
-    q = yr / radius
+    # Elongation keeps the area (aspect ratio 2.56), so it is independent of "large".
+    stretch = 1.0 + 0.6 * on("elongated")
+    p = xr / (radius * stretch)
+    q = yr * stretch / radius
     rho = jnp.sqrt(p * p + q * q + 1e-12)
-    box = 0.25 * jax.nn.logsumexp(4.0 * jnp.stack([p, -p, q, -q]), axis=0) - 0.25 * math.log(2)
+    box = jax.nn.logsumexp(12.0 * jnp.stack([p, -p, q, -q]), axis=0) / 12.0 - math.log(2) / 12
     sdf = _lerp(rho - 1.0, box - 1.0, on("square"))  # < 0 inside
     px = radius * edge  # pixels per unit of p, q
     body = jax.nn.sigmoid(-sdf * px)
@@ -278,7 +280,7 @@ def render(config: WorldConfig, params, a: jax.Array, u: jax.Array) -> jax.Array
     colour = _lerp(red, blue, on("blue")) + hue * jnp.array([1.0, 0.5, -1.0])
     stripes = jax.nn.sigmoid(4.0 * jnp.sin(2 * jnp.pi * 1.25 * q))
     colour = colour * (1.0 - 0.8 * on("stripes") * stripes)
-    hole = jax.nn.sigmoid((0.5 - rho) * px)
+    hole = jax.nn.sigmoid((0.55 - rho) * px)
     alpha = body * (1.0 - on("hole") * hole)
     img = _over(img, colour, alpha)
     cross = jnp.maximum(

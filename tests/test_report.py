@@ -1,0 +1,172 @@
+"""Reports: tables equal what the records give, figures are PNGs, absent data are skipped."""
+
+import csv
+import json
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cbcert import report, sweep
+from cbcert.attacks import runner as attack_runner
+from cbcert.builtin import untrained_world
+from cbcert.certify.runner import RECORDS
+from cbcert.cli import main
+from cbcert.config import load_config
+
+TINY = """\
+preset: smoke
+name: tiny
+world: {seed: 1, num_inputs: 8}
+latent: {sigmas: [0.25, 0.5], n0: 4, n: 16, alpha: 0.1}
+# No τ budget: semantic perturbations compile separately (slow) and use the same code path.
+perturb: {eps: [0.8], tau: [], subsets: 3, subset_size: 4}
+"""
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A tiny sweep (two σ cells, one perturb cell) plus an attack cell summarised from
+    hand-written records (APGD itself is tested in test_attacks_runner)."""
+    root = tmp_path_factory.mktemp("report")
+    path = root / "tiny.yaml"
+    path.write_text(TINY)
+    cfg = load_config(path)
+    world = untrained_world("default", seed=0)
+    out = root / "run"
+    sweep.run_sweep(cfg, out, sections=sweep.sections_in_file(path),
+                    load_world=lambda preset: world)
+    _fake_attack_cell(out / "attack-latent", world.name)
+    return out
+
+
+def _fake_attack_cell(out, world_name):
+    job = attack_runner.AttackJob(eps=(0.01, 0.03), models=("std", "cbm"), num_inputs=4)
+    rng = np.random.default_rng(0)
+    records = []
+    for model in job.models:
+        for eps in job.eps:
+            for i in range(job.num_inputs):
+                clean, adv = int(rng.integers(2)), int(rng.integers(2))
+                records.append({"index": i, "model": model, "eps": eps, "label": 1,
+                                "clean_prediction": clean, "adversarial_prediction": adv,
+                                "loss": 0.0, "perturbation_norm": eps, "attack_fooled": adv != 1,
+                                "robust": clean == 1 and adv == 1, "seconds": 0.1})
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"job": asdict(job), "world": world_name}))
+    (out / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = attack_runner.summarize_records(records, job)
+    (out / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture(scope="module")
+def written(run_dir):
+    notes = []
+    paths = report.write_report(run_dir, log=notes.append)
+    return paths, notes
+
+
+def _csv(run_dir, name):
+    with open(run_dir / report.REPORT_DIR / f"{name}.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_certification_table_matches_records(run_dir, written):
+    rows = _csv(run_dir, "certification_latent")
+    assert [(r["cell"], r["model"]) for r in rows] == [
+        (f"latent-sigma{s}", m) for s in ("0.25", "0.5") for m in ("std", "cbm", "proto")]
+    for sigma in (0.25, 0.5):
+        records = [r for r in _records(run_dir / f"latent-sigma{sigma:g}" / RECORDS)
+                   if r["model"] == "std"]
+        (row,) = [r for r in rows if r["cell"] == f"latent-sigma{sigma:g}" and r["model"] == "std"]
+        correct = np.array([r["prediction"] == r["label"] for r in records])
+        radius = np.array([r["radius"] or 0.0 for r in records])
+        assert float(row["smoothed_accuracy"]) == pytest.approx(correct.mean(), abs=1e-12)
+        assert float(row["acr"]) == pytest.approx((radius * correct).mean(), abs=1e-12)
+        ca = (correct & (radius >= sigma)).mean()
+        assert float(row["ca_at_sigma"]) == pytest.approx(ca, abs=1e-12)
+        assert int(row["inputs"]) == len(records) == 8
+
+
+def test_perturb_table_matches_records_and_subsets(run_dir, written):
+    summary = json.loads((run_dir / "perturb" / "summary.json").read_text())
+    rows = {r["budget"]: r for r in _csv(run_dir, "perturb")}
+    assert set(rows) == {"eps0.8"}
+    budget = "eps0.8"
+    by_index = {r["index"]: r for r in _records(run_dir / "perturb" / f"{budget}.jsonl")}
+    dfs, pfr = [], []
+    for subset in summary["subsets"]:
+        members = [by_index[i] for i in subset]
+        dfs.append(np.mean([np.mean([s["dfs"] for s in r["samples"]]) for r in members]))
+        pfr.append(np.mean([np.mean([s["pred"]["std"] != r["clean"]["pred"]["std"]
+                                     for s in r["samples"]]) for r in members]))
+    assert float(rows[budget]["dfs_cbm_mean"]) == pytest.approx(np.mean(dfs), abs=1e-12)
+    assert float(rows[budget]["dfs_cbm_sd"]) == pytest.approx(np.std(dfs, ddof=1), abs=1e-12)
+    assert float(rows[budget]["pfr_std_mean"]) == pytest.approx(np.mean(pfr), abs=1e-12)
+    tests = _csv(run_dir, "perturb_tests")
+    assert [(t["budget"], t["model_b"]) for t in tests] == [
+        ("eps0.8", m) for m in ("cbm", "proto")]
+    assert all(float(t["p_holm"]) >= float(t["p"]) for t in tests)
+
+
+def test_attack_table_matches_records(run_dir, written):
+    records = _records(run_dir / "attack-latent" / RECORDS)
+    rows = _csv(run_dir, "attack")
+    assert len(rows) == 4
+    for row in rows:
+        mine = [r for r in records if r["model"] == row["model"] and r["eps"] == float(row["eps"])]
+        assert float(row["robust_accuracy"]) == np.mean([r["robust"] for r in mine])
+        assert float(row["clean_accuracy"]) == np.mean(
+            [r["clean_prediction"] == r["label"] for r in records
+             if r["model"] == row["model"] and r["eps"] == 0.01])
+
+
+def test_figures_are_pngs_and_absent_data_are_noted(run_dir, written):
+    paths, notes = written
+    figures = {p.name for p in paths if p.suffix == ".png"}
+    assert figures == {
+        "pfr_vs_eps.png", "cfr_dfs_vs_pfr.png",
+        "certified_accuracy_latent-sigma0.25.png", "certified_accuracy_latent-sigma0.5.png",
+        "smacc_acr_vs_sigma.png", "robustness_gap.png"}
+    for name in figures:
+        assert (run_dir / report.REPORT_DIR / name).read_bytes()[:8] == PNG_MAGIC
+    for absent in ("smacc_acr_vs_rho.png", "pfr_vs_tau.png"):
+        assert any(absent in n for n in notes)
+    markdown = (run_dir / report.REPORT_DIR / "report.md").read_text()
+    assert "Config `tiny`" in markdown and "![robustness_gap](robustness_gap.png)" in markdown
+
+
+def test_robustness_gap_sign_is_positive_when_cbm_is_more_robust(run_dir):
+    cells = report.find_cells(run_dir, log=lambda _: None)
+    rows, columns, values = report.robustness_gaps(cells)
+    attack = json.loads((run_dir / "attack-latent" / "summary.json").read_text())["models"]
+    i = rows.index("ε=0.03 (attack-latent)")
+    expected = attack["cbm"]["budgets"][1]["robust_accuracy"] - \
+        attack["std"]["budgets"][1]["robust_accuracy"]
+    assert values[i][columns.index("ΔRobAcc (cbm−std)")] == pytest.approx(expected)
+
+
+def test_single_runner_directory_and_cli(run_dir, tmp_path):
+    result = CliRunner().invoke(main, ["report", str(run_dir / "latent-sigma0.5")])
+    assert result.exit_code == 0, result.output
+    assert "skipped pfr_vs_eps" in result.output.replace("\n", " ")
+    out = run_dir / "latent-sigma0.5" / report.REPORT_DIR
+    assert sorted(p.name for p in out.glob("*.csv")) == ["certification_latent.csv"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = CliRunner().invoke(main, ["report", str(empty)])
+    assert result.exit_code == 2 and "no finished runner directory" in result.output
+
+
+def test_markdown_merges_mean_and_sd_columns():
+    table = report.Table("t", "T", ("budget", "pfr_mean", "pfr_sd", "p"),
+                         (("eps0.1", 0.123456, 0.01, None),))
+    assert table.to_markdown().splitlines()[2:] == [
+        "| budget | pfr | p |", "|---|---|---|", "| eps0.1 | 0.1235 ± 0.01 | – |"]
+    assert table.to_csv() == "budget,pfr_mean,pfr_sd,p\neps0.1,0.123456,0.01,\n"

@@ -1,0 +1,275 @@
+"""World directories: a tiny world from random real-format parts, run through the CLI.
+
+The parts are written in the formats users bring: a stylegan2-ada-pytorch pickle (the
+persistence-style reference generator of ``test_convert_stylegan2``), a CB-AE ``.pt`` state_dict
+with its upstream YAML, a torchvision ResNet-18 state_dict converted by ``convert``, and a PCBM
+and a PixPNet written by the converters' own writer (``common.write_converted``).
+
+Random classifiers rarely agree, and the agreement set (std and cbm predict the same class) is
+what every command draws its inputs from. So the PCBM is built to reproduce the std head
+exactly, as ``cbcert.builtin.untrained_world`` does: same backbone, CAV k = row k of the fc
+weight, intercept k = fc bias k, concept head = diag(‖V_k‖), so ``h(r) = W e + b`` = std logits
+and the two models agree on every input unless two std logits lie within float rounding
+of each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+from flax import nnx
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+
+import test_convert_stylegan2 as sg_ref  # noqa: E402
+from test_convert_biggan import FIELDS as BIGGAN_FIELDS  # noqa: E402
+from test_convert_biggan import TorchBigGAN  # noqa: E402
+from test_convert_resnet import torch_resnet  # noqa: E402
+
+from cbcert import cli  # noqa: E402
+from cbcert.convert import common, convert, load_converted_module  # noqa: E402
+from cbcert.models.pcbm import PCBM, PCBMConfig  # noqa: E402
+from cbcert.models.pixpnet import PixPNet, PixPNetConfig  # noqa: E402
+from cbcert.worlds import Preprocess, load_world_dir, read_manifest  # noqa: E402
+
+DW, NUM_WS, RESOLUTION = 10, 6, 16  # tiny StyleGAN2: w_dim 10, 16 px -> 6 style layers
+BINS, TYPES = [2, 2, 2, 4], ["bin", "bin", "bin", "cat"]  # K = 3 concepts, U = 4
+CLASSES = ["cat", "dog"]
+
+
+def write_stylegan2_pickle(path) -> None:
+    reference = sg_ref.Generator(z_dim=12, w_dim=DW, resolution=RESOLUTION,
+                                 channels=sg_ref.CHANNELS, clamp=sg_ref.CLAMP, mapping_layers=2,
+                                 seed=0).eval()
+    with pytest.MonkeyPatch.context() as patch:  # pickle resolves the upstream module names
+        patch.setitem(sys.modules, "torch_utils", types.ModuleType("torch_utils"))
+        patch.setitem(sys.modules, "torch_utils.persistence", sg_ref.persistence)
+        patch.setitem(sys.modules, "dnnlib", types.ModuleType("dnnlib"))
+        patch.setitem(sys.modules, "dnnlib.util", sg_ref.dnnlib_util)
+        path.write_bytes(pickle.dumps({"G": reference, "D": None, "G_ema": reference}))
+
+
+def write_cbae(directory) -> None:
+    def mlp(din, dout):
+        layers = []
+        for i in range(3):
+            layers += [torch.nn.Linear(din if i == 0 else DW, DW), torch.nn.LeakyReLU(0.1),
+                       torch.nn.BatchNorm1d(DW)]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(DW, dout))
+
+    torch.manual_seed(0)
+    cbae = torch.nn.Module()
+    cbae.encoder, cbae.decoder = mlp(DW, sum(BINS)), mlp(sum(BINS), DW)
+    torch.save(cbae.state_dict(), directory / "cbae.pt")
+    concepts = {"concept_bins": BINS, "concept_names": ["a", "b", "c", "unknown"],
+                "types": TYPES}
+    model = {"latent_noise_dim": DW, "num_ws": NUM_WS, "concepts": concepts}
+    (directory / "cbae.yaml").write_text(yaml.safe_dump({"model": model}))
+
+
+def random_module(build, seed: int):
+    """A module with random weights, built shape-only and filled with numpy draws (eager JAX
+    init of a ResNet-18 compiles one op per shape: seconds on a loaded CPU). Matrices and
+    kernels ~ N(0, 1/fan_in), 1-D scales and variances 1, biases and means 0.
+    """
+    graphdef, state = nnx.split(common.abstract(build))
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))
+    rng = np.random.default_rng(seed)
+    filled = []
+    for path, leaf in leaves:
+        if len(leaf.shape) >= 2:
+            fan_in = int(np.prod(leaf.shape[:-1]))
+            filled.append(rng.standard_normal(leaf.shape, np.float32) / np.float32(fan_in**0.5))
+        else:
+            value = 1.0 if str(path[-1].key) in ("scale", "var") else 0.0
+            filled.append(np.full(leaf.shape, value, np.float32))
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_unflatten(treedef, filled))
+    return nnx.merge(graphdef, state)
+
+
+def pcbm_reproducing(std_module) -> PCBM:
+    """A PCBM on the std backbone whose logits equal the std logits (module docstring)."""
+    config = PCBMConfig(backbone="resnet18", backbone_classes=len(CLASSES),
+                        num_concepts=len(CLASSES), head_outputs=len(CLASSES))
+    pcbm = random_module(lambda rngs: PCBM(config, rngs=rngs), 0)
+    nnx.update(pcbm.backbone, nnx.state(std_module))
+    kernel, bias = std_module.fc.kernel[...], std_module.fc.bias[...]  # [D, C], [C]
+    norms = jnp.linalg.norm(kernel, axis=0)  # [C]
+    pcbm.cavs.set_value(kernel.T)
+    pcbm.intercepts.set_value(bias)
+    pcbm.norms.set_value(norms)
+    pcbm.head.kernel.set_value(jnp.diag(norms))
+    pcbm.head.bias.set_value(jnp.zeros(len(CLASSES)))
+    return pcbm
+
+
+def write_module(directory, kind, module) -> None:
+    common.write_converted(directory, module, {"kind": kind, "sources": {},
+                                               "config": dataclasses.asdict(module.config)})
+
+
+MANIFEST = {
+    "format_version": 1,
+    "name": "tiny",
+    "generator": {"kind": "stylegan2", "pickle": "g.pkl", "truncation_psi": 0.7},
+    "cbae": {"checkpoint": "cbae.pt", "config": "cbae.yaml"},
+    "classifiers": {"std": "std", "cbm": "cbm", "proto": "proto"},
+    "class_names": CLASSES,
+    "preprocess": {"size": [32, 32], "mean": [0.485, 0.456, 0.406],
+                   "std": [0.229, 0.224, 0.225]},
+}
+
+
+@pytest.fixture(scope="module")
+def world_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("world")
+    write_stylegan2_pickle(root / "g.pkl")
+    write_cbae(root)
+    torch.save(torch_resnet("resnet18", len(CLASSES), seed=1).state_dict(), root / "std.pth")
+    convert("resnet18", root / "std.pth", root / "std")
+    std_module, _ = load_converted_module(root / "std")
+    write_module(root / "cbm", "pcbm", pcbm_reproducing(std_module))
+    proto_config = PixPNetConfig(feature_extractor="resnet18", feature_layer="layer2",
+                                 num_prototypes=4, prototype_dim=8, num_classes=len(CLASSES))
+    proto = random_module(lambda rngs: PixPNet(proto_config, rngs=rngs), 2)
+    proto.prototypes.set_value(jax.random.uniform(jax.random.key(3), (4, 8)))
+    write_module(root / "proto", "pixpnet", proto)
+    (root / "world.json").write_text(json.dumps(MANIFEST))
+    return root
+
+
+@pytest.fixture(scope="module")
+def world(world_dir):
+    return load_world_dir(world_dir)
+
+
+def with_manifest(tmp_path, world_dir, edit) -> str:
+    """A copy of the world directory's manifest, edited, next to links to its parts."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for part in world_dir.iterdir():
+        if part.name != "world.json":
+            (tmp_path / part.name).symlink_to(part)
+    manifest = json.loads(json.dumps(MANIFEST))
+    edit(manifest)
+    (tmp_path / "world.json").write_text(json.dumps(manifest))
+    return str(tmp_path)
+
+
+def test_loaded_world_composes_generator_preprocessing_and_classifiers(world):
+    assert world.name == "dir:tiny" and world.model_names == ("std", "cbm", "proto")
+    assert world.class_names == tuple(CLASSES) and world.true_label is None
+    assert world.generator.concept_names == ("a", "b", "c") and world.generator.concept_dim == 10
+    z = jax.random.normal(jax.random.key(0), (3, 12))
+    logits = jax.jit(world.latent_apply(("std", "cbm", "proto")))(world.params, z)
+    assert logits.shape == (3, 3, 2)
+    # The PCBM reproduces the std head (float rounding only), so the two always agree.
+    np.testing.assert_allclose(logits[:, 1], logits[:, 0], atol=1e-4)
+    x = world.latent_images(world.params, z)
+    assert x.shape == (3, RESOLUTION, RESOLUTION, 3)
+    scores = world.concept_scores(world.classifier_params, x)
+    assert scores.shape == (3, len(CLASSES))
+    assert world.encode_latents(world.params, z).shape == (3, 10)
+
+
+def test_preprocess_resizes_then_normalises():
+    pre = Preprocess(size=(4, 6), mean=(0.5, 0.5, 0.5), std=(0.25, 0.5, 1.0))
+    out = pre(jnp.full((1, 2, 3, 3), 0.75))
+    assert out.shape == (1, 4, 6, 3)
+    np.testing.assert_allclose(out[0, 0, 0], [1.0, 0.5, 0.25], atol=1e-6)
+    same = Preprocess(size=None, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+    np.testing.assert_array_equal(same(jnp.ones((1, 2, 2, 3))), jnp.ones((1, 2, 2, 3)))
+
+
+@pytest.mark.parametrize("command,scale", [("latent", ["--sigma", "0.2"]),
+                                           ("concept", ["--rho", "0.2"])])
+def test_cli_runs_on_a_world_directory(world_dir, tmp_path, command, scale):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli.main, [command, *scale, "--inputs", "2", "--n", "20",
+                                           "--n0", "5", "--batch", "2", "--models", "std,cbm",
+                                           "--world", str(world_dir),
+                                           "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * 2
+    assert {r["model"] for r in records} == {"std", "cbm"}
+    assert all(r["true_label"] is None for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["models"]) == {"std", "cbm"}
+    # std and cbm compute the same logits: same smoothed predictions on the same noise.
+    by_model = {m: [r["prediction"] for r in records if r["model"] == m] for m in ("std", "cbm")}
+    assert by_model["std"] == by_model["cbm"]
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: m.update(colour="red"), "unknown key 'colour' in top level"),
+    (lambda m: m["generator"].update(psi=0.5), "unknown key 'psi' in generator"),
+    (lambda m: m["generator"].update(pickle="missing.pkl"),
+     "generator.pickle='missing.pkl': no such file"),
+    (lambda m: m["classifiers"].update(cbm="nowhere"), "classifiers.cbm='nowhere': no such"),
+    (lambda m: m["classifiers"].pop("std"), "missing key 'std' in classifiers"),
+    (lambda m: m.pop("cbae"), "missing key 'cbae'"),
+    (lambda m: m["generator"].update(truncation_psi=1.5), "truncation_psi=1.5; allowed: (0.0"),
+    (lambda m: m["preprocess"].update(std=[1, 0, 1]), "preprocess.std=[1, 0, 1]"),
+    (lambda m: m.update(format_version=2), "format_version=2"),
+    (lambda m: m.update(generator={"kind": "biggan", "weights": "g.pkl", "config": "cbae.yaml",
+                                   "class_index": 0}), "only stylegan2 has a CB-AE"),
+])
+def test_manifest_errors_exit_2_naming_the_key(world_dir, tmp_path, edit, message):
+    path = with_manifest(tmp_path, world_dir, edit)
+    result = CliRunner().invoke(cli.main, ["latent", "--sigma", "0.1", "--world", path,
+                                           "--out", str(tmp_path / "x"), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert "--world" in result.output and message in " ".join(result.output.split())
+
+
+def test_a_directory_without_manifest_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="has no world.json"):
+        read_manifest(tmp_path)
+
+
+def test_roles_and_class_counts_are_checked(world_dir, tmp_path):
+    wrong_role = with_manifest(tmp_path / "a", world_dir,
+                               lambda m: m["classifiers"].update(cbm="proto"))
+    with pytest.raises(ValueError, match="classifiers.cbm is kind='pixpnet'"):
+        load_world_dir(wrong_role)
+    three = with_manifest(tmp_path / "b", world_dir,
+                          lambda m: m.update(class_names=["a", "b", "c"]))
+    with pytest.raises(ValueError, match="outputs 2 logits but class_names has 3"):
+        load_world_dir(three)
+
+
+
+def test_biggan_world_has_no_concepts(world_dir, tmp_path):
+    torch.manual_seed(0)
+    parts = tmp_path / "biggan"
+    parts.mkdir()
+    torch.save(TorchBigGAN(BIGGAN_FIELDS).eval().state_dict(), parts / "pytorch_model.bin")
+    (parts / "config.json").write_text(json.dumps(BIGGAN_FIELDS))
+    for name in ("ok", "bad"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "biggan").symlink_to(parts)
+
+    def biggan(manifest, class_index=3):
+        manifest.pop("cbae")
+        manifest["generator"] = {"kind": "biggan", "weights": "biggan/pytorch_model.bin",
+                                 "config": "biggan/config.json", "class_index": class_index,
+                                 "truncation": 0.5}
+
+    world = load_world_dir(with_manifest(tmp_path / "ok", world_dir, biggan))
+    assert world.generator.num_concepts == 0 and world.metadata["concepts"] is False
+    z = jax.ShapeDtypeStruct((2, BIGGAN_FIELDS["z_dim"]), jnp.float32)
+    assert jax.eval_shape(world.latent_apply(("std", "cbm")), world.params, z).shape == (2, 2, 2)
+    with pytest.raises(ValueError, match="class_index=5"):
+        load_world_dir(with_manifest(tmp_path / "bad", world_dir,
+                                     lambda m: biggan(m, class_index=5)))
