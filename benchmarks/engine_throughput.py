@@ -340,15 +340,18 @@ def torch_world(world, clf_params) -> nn.Module:
 
 def world_parity(world, apply_fn, params, model, z: np.ndarray, label: str) -> None:
     """Prints max |Δ image|, max |Δ logits| and argmax agreement per head, torch vs JAX."""
-    jax_images = np.asarray(jax.jit(world.latent_images)(params, z))  # [B, H, W, 3]
+    jax_images = np.array(jax.jit(world.latent_images)(params, z))  # [B, H, W, 3]
     jax_logits = np.asarray(jax.jit(apply_fn)(params, z))  # [B, heads, C]
     with torch.inference_mode():
         torch_images = model.generator(torch.from_numpy(z)).permute(0, 2, 3, 1).numpy()
         torch_logits = model(torch.from_numpy(z)).numpy()
+        # The classifiers alone, on JAX's images: separates their error from the renderer's.
+        same_images = model.classifiers(torch.from_numpy(jax_images).permute(0, 3, 1, 2)).numpy()
     agree = (jax_logits.argmax(-1) == torch_logits.argmax(-1)).mean(0)
     print(f"  parity ({label}, {len(z)} noisy latents): max |Δ image| "
           f"{np.abs(jax_images - torch_images).max():.1e}, max |Δ logits| "
-          f"{np.abs(jax_logits - torch_logits).max():.1e} (logit scale "
+          f"{np.abs(jax_logits - torch_logits).max():.1e} (classifiers on the same images "
+          f"{np.abs(jax_logits - same_images).max():.1e}; largest |logit| "
           f"{np.abs(jax_logits).max():.1f}), argmax agreement "
           + ", ".join(f"{m} {a:.2%}" for m, a in zip(WORLD_MODELS, agree, strict=True)))
 
@@ -387,7 +390,7 @@ def case_world(quick: bool, peak: float) -> None:
     print(f"  weights: {source}; {classes} classes, latent d={world.generator.latent_dim}, "
           f"images {world.generator.image_shape}")
 
-    latents = np.asarray(jax.random.normal(jax.random.key(1), (2, world.generator.latent_dim)))
+    latents = np.array(jax.random.normal(jax.random.key(1), (2, world.generator.latent_dim)))
     probe = np.repeat(latents, 256, axis=0)
     probe = probe + SIGMA * np.random.default_rng(2).standard_normal(probe.shape, np.float32)
     world_parity(world, apply_fn, params, model, probe, "benchmarked weights")

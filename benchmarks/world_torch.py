@@ -4,6 +4,7 @@
 ``world.latent_apply(models)`` (``cbcert.generators.world`` renderer and ``g = g2 ∘ D ∘ E ∘ g1``,
 then the ``cbcert.models.world_nets`` classifiers) with the same weights, written the way a
 PyTorch user would: NCHW images, ``F.conv2d`` for the ``PatchConv`` layers (kernels HWIO → OIHW).
+It mirrors ``world.render`` as of commit 95b2fb0; the benchmark's parity check catches drift.
 """
 
 import math
@@ -113,10 +114,11 @@ class TorchGenerator(nn.Module):
         dx, dy = X - cx, Y - cy
         xr = torch.cos(theta) * dx + torch.sin(theta) * dy
         yr = -torch.sin(theta) * dx + torch.cos(theta) * dy
-        p = xr / (radius * (1.0 + 0.55 * on("elongated")))
-        q = yr / radius
+        stretch = 1.0 + 0.6 * on("elongated")
+        p = xr / (radius * stretch)
+        q = yr * stretch / radius
         rho = torch.sqrt(p * p + q * q + 1e-12)
-        box = 0.25 * torch.logsumexp(4.0 * torch.stack([p, -p, q, -q]), 0) - 0.25 * math.log(2)
+        box = torch.logsumexp(12.0 * torch.stack([p, -p, q, -q]), 0) / 12.0 - math.log(2) / 12
         sdf = (rho - 1.0) + ((box - 1.0) - (rho - 1.0)) * on("square")
         px = radius * edge
         body = torch.sigmoid(-sdf * px)
@@ -129,7 +131,7 @@ class TorchGenerator(nn.Module):
         colour = red + (blue - red) * on("blue") + hue * _colour([1.0, 0.5, -1.0])
         stripes = torch.sigmoid(4.0 * torch.sin(2 * math.pi * 1.25 * q))
         colour = colour * (1.0 - 0.8 * on("stripes") * stripes)
-        hole = torch.sigmoid((0.5 - rho) * px)
+        hole = torch.sigmoid((0.55 - rho) * px)
         alpha = body * (1.0 - on("hole") * hole)
         img = _over(img, colour, alpha)
         cross = torch.maximum(torch.sigmoid((0.18 - torch.abs(p)) * px),

@@ -95,16 +95,25 @@ def untrained_world(preset: str = "default", seed: int = 0) -> World:
     """A built-in world with randomly initialised classifiers (for tests and benchmarks).
 
     Same generator and architectures as ``load_builtin`` but no checkpoint: predictions are
-    meaningless, shapes, determinism and speed are not. The PCBM is set to reproduce the
-    standard head exactly (CAV k = column k of the standard head, concept head = diag(‖V_k‖)),
-    so that std and cbm agree and the agreement set is the whole pool.
+    meaningless, shapes, determinism and speed are not. The standard head is standardised on
+    256 generated images (zero-mean, unit-variance logits: a raw random head predicts one class
+    almost everywhere), and the PCBM is set to reproduce it exactly (CAV k = column k of the
+    standard head, concept head = diag(‖V_k‖)), so std and cbm agree on the whole pool.
     """
     config = WorldConfig.from_preset(preset)
     model = WorldClassifiers(net_config_for(config), rngs=nnx.Rngs(seed))
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)
     c = config.num_classes
-    kernel, bias = params["std_head"]["kernel"], params["std_head"]["bias"]  # [E, C], [C]
+    world = make_world(config)
+    gen = world.generator
+    z = world.sample_latents(jax.random.key(seed), 256)
+    e = model.embed(gen.image(gen.params, z))  # [256, E]
+    logits = e @ params["std_head"]["kernel"] + params["std_head"]["bias"]
+    scale = 1.0 / jnp.std(logits, axis=0)
+    kernel = params["std_head"]["kernel"] * scale
+    bias = (params["std_head"]["bias"] - jnp.mean(logits, axis=0)) * scale
+    params["std_head"] = {"kernel": kernel, "bias": bias}  # [E, C], [C]
     cav = params["pcbm"]["cav"].at[:c].set(kernel.T)
     cav_bias = params["pcbm"]["cav_bias"].at[:c].set(bias)
     head = jnp.zeros_like(params["pcbm"]["head"]["kernel"]).at[:c].set(
@@ -112,7 +121,6 @@ def untrained_world(preset: str = "default", seed: int = 0) -> World:
     params["pcbm"] = {**params["pcbm"], "cav": cav, "cav_bias": cav_bias,
                       "head": {"kernel": head, "bias": jnp.zeros((c,))}}
     classify, concept_scores = classifier_functions(graphdef, state)
-    world = make_world(config)
     return World(
         name=f"untrained:{preset}",
         generator=world.generator,

@@ -32,7 +32,6 @@ from cbcert.generators.base import Generator
 
 # Each entry: (name, what the concept draws when on). Presets use the first 8 / 12 / 16.
 VOCABULARY: tuple[tuple[str, str], ...] = (
-    ("square", "object is a square (off: a disc)"),
     ("blue", "object is blue (off: red)"),
     ("stripes", "object has dark stripes"),
     ("large", "object is large"),
@@ -42,12 +41,13 @@ VOCABULARY: tuple[tuple[str, str], ...] = (
     ("hole", "object has a hole in its centre"),
     ("frame", "image has a magenta frame"),
     ("dots", "background is dotted"),
-    ("elongated", "object is stretched along its axis"),
     ("cross", "object carries a white cross"),
     ("tint", "background has a purple tint"),
     ("corner_marker", "a cyan square sits in the top-left corner"),
     ("horizon", "a yellow horizontal line crosses the background"),
     ("underline", "an orange bar lies under the object"),
+    ("square", "object is a square (off: a disc)"),
+    ("elongated", "object is stretched along its axis (same area)"),
 )
 
 _NUISANCE_NAMED = 7  # position x, y, rotation, scale, hue, background brightness, diamond angle
