@@ -15,7 +15,8 @@ from rich.table import Table
 
 from cbcert.config import ConfigError, validate, validate_sample_sizes
 
-console = Console()
+# Off a terminal rich would wrap tables at 80 columns; logs and pipes get wide tables.
+console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True)
 
 
