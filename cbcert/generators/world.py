@@ -78,8 +78,8 @@ class WorldConfig:
     num_near_classes: int = 5
     extra_similar: int = 0
     extra_dissimilar: int = 0
-    frequency: float = math.pi
-    sharpness: float = 150.0
+    frequency: float = 1.5 * math.pi
+    sharpness: float = 225.0
     logit_scale: float = 2.0
     structure_seed: int = 0
 
