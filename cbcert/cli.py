@@ -670,8 +670,11 @@ def _sweep_world(preset: str):
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Sweep directory (default results/<config file name>); rerunning resumes.")
+@click.option("--world", "world_name", default=None,
+              help="Run the config on this world instead of its world.preset: a built-in preset "
+                   "or a world directory with a world.json.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no per-cell lines.")
-def sweep_cmd(config_path: Path, out: Path | None, quiet: bool) -> None:
+def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, quiet: bool) -> None:
     """Run every cell of an experiment config into OUT/<cell>/ and write OUT/manifest.json.
 
     Cells: one certification per σ (latent) and per ρ and fixed flip count m (concept), one
@@ -679,6 +682,7 @@ def sweep_cmd(config_path: Path, out: Path | None, quiet: bool) -> None:
     (all four if it names none). Interrupted sweeps resume when rerun with the same --out.
 
     Example: certify sweep configs/reference.yaml --out results/reference
+    (add --world <dir> to run the same cells on a world from real parts).
     """
     from cbcert import sweep
     from cbcert.certify.runner import PoolTooSmallError, RunMismatchError
@@ -697,7 +701,8 @@ def sweep_cmd(config_path: Path, out: Path | None, quiet: bool) -> None:
 
     try:
         with _sweep_progress(quiet) as progress:
-            sweep.run_sweep(config, out, sections=sections, load_world=_sweep_world,
+            load = _sweep_world if world_name is None else (lambda _: _load_world(world_name))
+            sweep.run_sweep(config, out, sections=sections, load_world=load,
                             progress=progress, on_cell=done)
     except RunMismatchError as err:
         raise click.BadParameter(str(err), param_hint="--out") from None

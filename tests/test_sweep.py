@@ -1,6 +1,7 @@
 """Sweeps: config → cells, manifest, resumption after an interrupted cell, config errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -151,3 +152,25 @@ def test_cli_sweep_refuses_mismatched_out_with_exit_2(world, tmp_path, monkeypat
     monkeypatch.setattr("cbcert.cli._sweep_world", lambda preset: world)
     result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--quiet"])
     assert result.exit_code == 2 and "--out" in result.output
+
+
+def test_cli_world_flag_overrides_the_config_preset(world, tmp_path, monkeypatch):
+    path, _ = _config(tmp_path)
+    asked = []
+    monkeypatch.setattr("cbcert.cli._sweep_world", lambda preset: pytest.fail("preset used"))
+    monkeypatch.setattr("cbcert.cli._load_world", lambda name: asked.append(name) or world)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--world",
+                                       "my/world", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert asked == ["my/world"]
+    assert json.loads((out / sweep.MANIFEST).read_text())["world"] == world.name
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parent.parent.glob("configs/*.yaml")),
+                         ids=lambda p: p.stem)
+def test_every_shipped_config_loads_and_plans_cells(path):
+    from cbcert.config import load_config
+
+    cells = sweep.plan_cells(load_config(path), sweep.sections_in_file(path))
+    assert cells and len({c.name for c in cells}) == len(cells)
