@@ -76,19 +76,8 @@ def load_builtin(preset: str = "default", weights: str | Path | None = None) -> 
         )
     graphdef, state = abstract_classifiers(net_config_for(config))
     params, manifest = checkpoint.load(path, nnx.to_pure_dict(state))
-    world = make_world(config)
-    classify, concept_scores = classifier_functions(graphdef, state)
-    return World(
-        name=f"builtin:{preset}",
-        generator=world.generator,
-        classify=classify,
-        concept_scores=concept_scores,
-        classifier_params=params,
-        model_names=HEADS,
-        class_names=world.class_names,
-        true_label=world.label_of,
-        metadata={"weights": str(path), "metrics": manifest.get("metrics", {})},
-    )
+    return _assemble(f"builtin:{preset}", make_world(config), graphdef, state, params,
+                     {"weights": str(path), "metrics": manifest.get("metrics", {})})
 
 
 def untrained_world(preset: str = "default", seed: int = 0) -> World:
@@ -120,9 +109,14 @@ def untrained_world(preset: str = "default", seed: int = 0) -> World:
         jnp.diag(jnp.linalg.norm(kernel, axis=0)))
     params["pcbm"] = {**params["pcbm"], "cav": cav, "cav_bias": cav_bias,
                       "head": {"kernel": head, "bias": jnp.zeros((c,))}}
+    return _assemble(f"untrained:{preset}", world, graphdef, state, params, {"weights": None})
+
+
+def _assemble(name: str, world, graphdef, state, params, metadata: dict) -> World:
+    """The ``pipeline.World`` of a concept world and its classifiers' parameters."""
     classify, concept_scores = classifier_functions(graphdef, state)
     return World(
-        name=f"untrained:{preset}",
+        name=name,
         generator=world.generator,
         classify=classify,
         concept_scores=concept_scores,
@@ -130,7 +124,7 @@ def untrained_world(preset: str = "default", seed: int = 0) -> World:
         model_names=HEADS,
         class_names=world.class_names,
         true_label=world.label_of,
-        metadata={"weights": None},
+        metadata=metadata,
     )
 
 

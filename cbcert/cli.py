@@ -147,13 +147,7 @@ def _run_certification(noise: str, scale: float, mode: str, opts: dict, default_
     _validate_common(opts["n"], opts["n0"], opts["alpha"], opts["inputs"], opts["batch"],
                      opts["seed"], opts["chunk_size"], opts["max_memory"], mode)
     models = _models(opts["models"])
-    world = _load_world(opts["world_name"])
-    try:
-        world.check_models(models)
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--models") from None
-    if "std" not in world.model_names or "cbm" not in world.model_names:
-        raise click.ClickException("the agreement set needs a world with 'std' and 'cbm' models")
+    world = _load_agreement_world(opts["world_name"], models)
     _require_concepts(world, noise != "gaussian")
     job = CertifyJob(noise=noise, scale=scale, mode=mode, n0=opts["n0"], n=opts["n"],
                      alpha=opts["alpha"], two_class=opts["two_class"], models=models,
@@ -171,6 +165,18 @@ def _run_certification(noise: str, scale: float, mode: str, opts: dict, default_
     if not opts["quiet"]:
         _print_summary(summary, job, world, out)
     return summary
+
+
+def _load_agreement_world(world_name: str, models: tuple[str, ...]):
+    """Load a world for a command on the std/cbm agreement set and check ``--models``."""
+    world = _load_world(world_name)
+    try:
+        world.check_models(models)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--models") from None
+    if "std" not in world.model_names or "cbm" not in world.model_names:
+        raise click.ClickException("the agreement set needs a world with 'std' and 'cbm' models")
+    return world
 
 
 def _require_concepts(world, needed: bool) -> None:
@@ -412,13 +418,7 @@ def perturb(eps_list: str, tau_list: str, models: str, samples: int, ball: bool,
     if len(set(names)) < 2 or len(set(names)) != len(names):
         raise click.BadParameter(f"got {models!r}; give at least two distinct models",
                                  param_hint="--models")
-    world_obj = _load_world(world_name)
-    try:
-        world_obj.check_models(names)
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--models") from None
-    if "std" not in world_obj.model_names or "cbm" not in world_obj.model_names:
-        raise click.ClickException("the agreement set needs a world with 'std' and 'cbm' models")
+    world_obj = _load_agreement_world(world_name, names)
     job = PerturbJob(eps=eps, tau=tau, models=names, seed=seed, samples=samples, ball=ball,
                      num_subsets=subsets, subset_size=subset_size, num_inputs=pool or 0,
                      batch=batch)
@@ -532,13 +532,7 @@ def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss
     _check("seed", seed, "--seed")
     scale, name = _attack_smoothing(space, smoothed, sigma, rho)
     names = _models(models)
-    world_obj = _load_world(world_name)
-    try:
-        world_obj.check_models(names)
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--models") from None
-    if "std" not in world_obj.model_names or "cbm" not in world_obj.model_names:
-        raise click.ClickException("the agreement set needs a world with 'std' and 'cbm' models")
+    world_obj = _load_agreement_world(world_name, names)
     _require_concepts(world_obj, space == "concept")
     if loss == "dlr" and world_obj.num_classes < 3:
         raise click.BadParameter(f"DLR needs >= 3 classes, {world_obj.name} has "

@@ -16,12 +16,11 @@ from rich.console import Console
 
 from cbcert import cli
 from cbcert.builtin import untrained_world
-from cbcert.certify.runner import RunMismatchError, pool_latents
+from cbcert.certify.runner import RUN, RunMismatchError, pool_latents
 from cbcert.engine.keys import sample_key, stream_key
 from cbcert.engine.noise import SphereShift, concept_state
 from cbcert.robustness import protocol
 from cbcert.robustness.runner import (
-    RUN,
     STREAM_GEOMETRIC,
     SUBSET_STREAM,
     SUMMARY,

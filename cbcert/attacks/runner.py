@@ -56,11 +56,10 @@ from cbcert.attacks.smoothed import smoothed_logits_fn
 from cbcert.certify.cohen import ABSTAIN, predict_counts
 from cbcert.certify.runner import (
     RECORDS,
-    RUN,
     SUMMARY,
-    RunMismatchError,
-    _read_records,
     agreement_pool,
+    open_run_dir,
+    read_records,
 )
 from cbcert.engine.keys import STREAM_ESTIMATE, stream_key
 from cbcert.engine.noise import BernoulliFlips, Gaussian
@@ -156,35 +155,6 @@ def eot_keys(root: jax.Array, indices: np.ndarray) -> jax.Array:
     """EOT noise keys ``[B]`` of global inputs ``indices[B]``: ``fold_in(fold_in(root, 4), i)``."""
     key = stream_key(root, STREAM_EOT)
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(indices, jnp.uint32))
-
-
-def _job_meta(job: AttackJob, world) -> dict[str, Any]:
-    # Through JSON, so that tuples compare equal to the lists read back from run.json.
-    return json.loads(json.dumps({"job": asdict(job), "world": world.name}))
-
-
-def _check_run_dir(out: Path, job: AttackJob, world) -> None:
-    """Create ``out/run.json``, or check that the one there describes the same run."""
-    meta = _job_meta(job, world)
-    run_file = out / RUN
-    if run_file.exists():
-        previous = json.loads(run_file.read_text())
-        if {k: previous.get(k) for k in meta} != meta:
-            raise RunMismatchError(
-                f"--out {out} holds a run with different settings ({previous.get('job')}); "
-                "use another --out or delete it"
-            )
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    import cbcert
-
-    versions = {"cbcert": cbcert.__version__, "jax": jax.__version__}
-    run_file.write_text(
-        json.dumps(
-            {**meta, "versions": versions, "devices": [str(d) for d in jax.devices()]}, indent=2
-        )
-        + "\n"
-    )
 
 
 def _pad(x: np.ndarray, size: int) -> np.ndarray:
@@ -312,9 +282,9 @@ def run(
     """
     out = Path(out)
     world.check_models(job.models)
-    _check_run_dir(out, job, world)
+    open_run_dir(out, {"job": asdict(job), "world": world.name})
     records_path = out / RECORDS
-    records = _read_records(records_path)
+    records = read_records(records_path)
     done = {(r["index"], r["model"], r["eps"]) for r in records}
 
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space)
@@ -363,7 +333,7 @@ def run(
                 if progress:
                     progress(finished, total)
 
-    summary = summarize_records(_read_records(records_path), job)
+    summary = summarize_records(read_records(records_path), job)
     summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     return summary

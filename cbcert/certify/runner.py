@@ -180,12 +180,11 @@ def noise_model(job: CertifyJob, num_concepts: int):
     return FixedFlips(num_concepts)
 
 
-def _job_dict(job: CertifyJob, world) -> dict[str, Any]:
-    return {"job": {**asdict(job), "models": list(job.models)}, "world": world.name}
+def read_records(path: Path) -> list[dict]:
+    """Complete JSONL records; a torn last line (crash mid-write) is dropped from the file.
 
-
-def _read_records(path: Path) -> list[dict]:
-    """Complete JSONL records; a torn last line (crash mid-write) is dropped from the file."""
+    Shared by every runner (certification, perturb, attack).
+    """
     if not path.exists():
         return []
     raw = path.read_bytes()
@@ -195,31 +194,32 @@ def _read_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
 
 
-def _check_run_dir(out: Path, job: CertifyJob, world) -> None:
-    meta = _job_dict(job, world)
+def open_run_dir(out: Path, meta: dict[str, Any]) -> None:
+    """Write ``out/run.json`` (``meta`` plus versions and devices), or check the one there.
+
+    A run directory holds one run: if ``run.json`` exists, its ``meta`` keys must equal ``meta``
+    (compared after a JSON round trip, so tuples equal the lists read back), else
+    ``RunMismatchError``. Shared by every runner.
+    """
+    meta = json.loads(json.dumps(meta))
     run_file = out / RUN
     if run_file.exists():
         previous = json.loads(run_file.read_text())
         if {k: previous.get(k) for k in meta} != meta:
+            shown = {k: previous.get(k) for k in meta}
             raise RunMismatchError(
-                f"--out {out} holds a run with different settings ({previous.get('job')}); "
+                f"--out {out} holds a run with different settings ({shown}); "
                 "use another --out or delete it"
             )
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        import cbcert
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    import cbcert
 
-        run_file.write_text(
-            json.dumps(
-                {
-                    **meta,
-                    "versions": {"cbcert": cbcert.__version__, "jax": jax.__version__},
-                    "devices": [str(d) for d in jax.devices()],
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+    run_file.write_text(json.dumps({
+        **meta,
+        "versions": {"cbcert": cbcert.__version__, "jax": jax.__version__},
+        "devices": [str(d) for d in jax.devices()],
+    }, indent=2) + "\n")
 
 
 def run(
@@ -241,9 +241,9 @@ def run(
     Returns the summary dict (per model metrics).
     """
     out = Path(out)
-    _check_run_dir(out, job, world)
+    open_run_dir(out, {"job": asdict(job), "world": world.name})
     records_path = out / RECORDS
-    records = _read_records(records_path)
+    records = read_records(records_path)
     done = {(r["index"], r["model"]) for r in records}
 
     k = world.generator.num_concepts
@@ -343,7 +343,7 @@ def run(
             if progress:
                 progress(finished, job.num_inputs)
 
-    summary = summarize_records(_read_records(records_path), job, k)
+    summary = summarize_records(read_records(records_path), job, k)
     summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cbcert.certify.runner import RunMismatchError, agreement_pool
+from cbcert.certify.runner import agreement_pool, open_run_dir, read_records
 from cbcert.engine.keys import stream_key
 from cbcert.engine.noise import FixedFlips, SphereShift, concept_state
 from cbcert.engine.sampler import map_samples
@@ -49,7 +49,6 @@ STREAM_SEMANTIC = 4
 SUBSET_STREAM = 5
 CONCEPT_MODELS = ("cbm", "cbmh")
 SUMMARY = "summary.json"
-RUN = "run.json"
 
 
 @dataclass(frozen=True)
@@ -224,37 +223,6 @@ def _records(job: PerturbJob, pool, rows: np.ndarray, clean: dict, perturbed: di
     return records
 
 
-def _read_records(path: Path) -> list[dict]:
-    """Complete JSONL records; a torn last line (crash mid-write) is dropped from the file."""
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    complete = raw[: raw.rfind(b"\n") + 1]
-    if len(complete) != len(raw):
-        path.write_bytes(complete)
-    return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
-
-
-def _check_run_dir(out: Path, job: PerturbJob, world) -> None:
-    """Write ``run.json`` or check that the one there has the same settings."""
-    meta = {"settings": job.settings(), "world": world.name}
-    run_file = out / RUN
-    if run_file.exists():
-        previous = json.loads(run_file.read_text())
-        if {k: previous.get(k) for k in meta} != meta:
-            raise RunMismatchError(
-                f"--out {out} holds a run with different settings ({previous.get('settings')}, "
-                f"world {previous.get('world')}); use another --out or delete it"
-            )
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    import cbcert
-
-    run_file.write_text(json.dumps(
-        {**meta, "versions": {"cbcert": cbcert.__version__, "jax": jax.__version__}}, indent=2
-    ) + "\n")
-
-
 def check_budgets(job: PerturbJob, num_concepts: int) -> None:
     """Raise ValueError naming ``tau`` if a budget flips more than the world's K concepts."""
     for t in job.tau:
@@ -291,7 +259,7 @@ def run(
     k = world.generator.num_concepts
     check_budgets(job, k)
     out = Path(out)
-    _check_run_dir(out, job, world)
+    open_run_dir(out, {"settings": job.settings(), "world": world.name})
 
     pool = agreement_pool(world, job.seed, job.num_inputs, space="latent")
     kinds = _kinds(world, job, pool.latents, jax.random.key(job.seed))
@@ -300,7 +268,7 @@ def run(
     total, finished = len(job.budgets) * job.num_inputs, 0
     for kind, value in job.budgets:
         path = out / f"{budget_name(kind, value)}.jsonl"
-        done = {r["index"] for r in _read_records(path)}
+        done = {r["index"] for r in read_records(path)}
         spec = kinds[kind]
         with path.open("a") as sink:
             for rows in blocks:
@@ -368,7 +336,7 @@ def summarize(out: str | Path, job: PerturbJob, agreement_indices: np.ndarray,
     expected = set(map(int, agreement_indices))
     measurements = []
     for kind, value in job.budgets:
-        records = _read_records(out / f"{budget_name(kind, value)}.jsonl")
+        records = read_records(out / f"{budget_name(kind, value)}.jsonl")
         if {r["index"] for r in records} != expected or len(records) != len(expected):
             raise ValueError(f"{out}: records of {budget_name(kind, value)} do not cover the "
                              f"{len(expected)} agreement inputs exactly once; rerun to finish")
