@@ -346,6 +346,111 @@ def train_world(preset: str, seed: int, out: Path | None, quick: bool) -> None:
     console.print(f"wrote {path}")
 
 
+def _concept_labeler(directory: Path, preprocess, num_concepts: int):
+    """``x -> s[B, K]`` from a converted torchvision classifier with K sigmoid outputs."""
+    from cbcert.convert import load_converted
+    from cbcert.convert.torchvision import DENSENET_NAMES, RESNET_NAMES
+
+    try:
+        apply_fn, params, manifest = load_converted(directory)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--concept-classifier") from None
+    if manifest["kind"] not in (*RESNET_NAMES, *DENSENET_NAMES):
+        raise click.BadParameter(f"{directory} is kind={manifest['kind']!r}; need a converted "
+                                 "torchvision resnet*/densenet* with one logit per concept",
+                                 param_hint="--concept-classifier")
+    outputs = manifest["config"].get("num_classes")
+    if outputs != num_concepts:
+        raise click.BadParameter(f"{directory} outputs {outputs} logits but --concepts names "
+                                 f"{num_concepts}; they must be equal (one sigmoid logit per "
+                                 "concept)", param_hint="--concepts")
+
+    def labeler(x):
+        return apply_fn(params, preprocess(x))
+
+    return labeler, {"kind": manifest["kind"], "params_sha256": manifest["params_sha256"]}
+
+
+@train.command("cbae")
+@click.option("--world", "world_dir", required=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="World directory with a biggan generator and no cbae yet.")
+@click.option("--concept-classifier", required=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Pseudo-labeler: a `certify convert`ed resnet*/densenet* whose K outputs are "
+                   "per-concept logits (present iff > 0); fed the world's preprocessing.")
+@click.option("--concepts", required=True, help="Comma-separated names of the K concepts, in "
+              "the classifier's output order.")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="New directory for the CB-AE (an unfinished run there is resumed).")
+@click.option("--steps", type=int, default=5000, show_default=True)
+@click.option("--batch-size", type=int, default=16, show_default=True)
+@click.option("--lr", type=float, default=2e-4, show_default=True,
+              help="Adam learning rate of both phases (betas 0.5, 0.99).")
+@click.option("--threshold", type=float, default=0.9, show_default=True,
+              help="Pseudo-label confidence below which a concept label is ignored.")
+@click.option("--unsup", type=int, default=10, show_default=True,
+              help="Unsupervised bottleneck dims after the 2K concept logits.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--save-every", type=int, default=500, show_default=True,
+              help="Steps between progress checkpoints.")
+@click.option("--eval-samples", type=int, default=512, show_default=True,
+              help="Held-out latents for the final quality report.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+def train_cbae_cmd(world_dir: Path, concept_classifier: Path, concepts: str, out: Path,
+                   steps: int, batch_size: int, lr: float, threshold: float, unsup: int,
+                   seed: int, save_every: int, eval_samples: int, quiet: bool) -> None:
+    """Train a CB-AE for a BigGAN world on its [t·z ; class embedding] latent (upstream losses)."""
+    from cbcert.train_cbae import CBAETrainConfig, run
+    from cbcert.worlds import build_generator, generator_identity, read_manifest
+
+    names = tuple(_models(concepts))
+    if not names or len(set(names)) != len(names):
+        raise click.BadParameter(f"got {concepts!r}; need distinct, comma-separated names",
+                                 param_hint="--concepts")
+    for flag, value, low in (("--save-every", save_every, 1), ("--eval-samples", eval_samples, 1)):
+        if value < low:
+            raise click.BadParameter(f"got {value}, allowed range [{low}, ∞)", param_hint=flag)
+    try:
+        config = CBAETrainConfig(steps=steps, batch_size=batch_size, recon_lr=lr, interv_lr=lr,
+                                 threshold=threshold, num_unsup=unsup, seed=seed)
+    except ValueError as err:
+        field = str(err).split("=", 1)[0]
+        flag = {"recon_lr": "--lr", "num_unsup": "--unsup"}.get(
+            field, "--" + field.replace("_", "-"))
+        raise click.BadParameter(str(err), param_hint=flag) from None
+    try:
+        spec = read_manifest(world_dir)
+        if spec.cbae is not None:
+            raise ValueError(f"{world_dir} already has a CB-AE (cbae in world.json); train on "
+                             "a world without one")
+        identity = {"generator": generator_identity(spec)}
+        generator = build_generator(spec)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--world") from None
+    labeler, labeler_id = _concept_labeler(concept_classifier, spec.preprocess, len(names))
+    identity["labeler"] = labeler_id
+    identity["preprocess"] = {"size": spec.preprocess.size, "mean": spec.preprocess.mean,
+                              "std": spec.preprocess.std}
+    log = (lambda s: None) if quiet else (lambda s: err_console.print(s))
+    try:
+        with _progress("train cbae (steps)", quiet) as update:
+            def on_step(step, logs):
+                if update is not None:
+                    update(step, steps)
+
+            manifest = run(generator, labeler, names, config, out, identity=identity,
+                           save_every=save_every, eval_samples=eval_samples, log=log,
+                           on_step=on_step)
+    except ValueError as err:
+        raise click.BadParameter(str(err).removeprefix(f"--out {out}: "),
+                                 param_hint="--out") from None
+    metrics = manifest["metrics"]
+    console.print_json(data={k: v for k, v in metrics.items() if not k.endswith("per_concept")})
+    console.print(f"wrote {out}; plug it into {world_dir / 'world.json'} as "
+                  f'"cbae": {{"trained": "<path relative to the world>"}}')
+
+
 # ---------------------------------------------------------------------------- empirical robustness
 
 

@@ -27,7 +27,9 @@ its source; the classifiers are the already converted, sha256-checked orbax dire
                                                      #   (pytorch_model.bin), "config"
                                                      #   (config.json), "class_index" (required),
                                                      #   "truncation" (optional, default 1.0)
-      "cbae": {"checkpoint": "cbae.pt", "config": "cbae.yaml"},   # required for stylegan2
+      "cbae": {"checkpoint": "cbae.pt", "config": "cbae.yaml"},   # required for stylegan2;
+                                                     # biggan (optional): {"trained": "cbae"},
+                                                     # a directory from `certify train cbae`
       "classifiers": {"std": "std", "cbm": "pcbm", "cbmh": "pcbmh", "proto": "pixpnet"},
       "class_names": ["not smiling", "smiling"],
       "preprocess": {"size": [224, 224], "mean": [0.485, 0.456, 0.406],
@@ -39,9 +41,12 @@ Classifier roles: ``std`` (a torchvision ResNet/DenseNet) and ``cbm`` (a PCBM) a
 ``len(class_names)`` logits. ``preprocess`` maps the generated image ``g(z)`` in [0, 1] to the
 classifiers' input: bilinear resize to ``size`` (``null``: keep the generator's resolution,
 ``jax.image.resize`` with antialiasing) then ``(x − mean) / std`` per channel. The DFS concept
-scores are the PCBM's margins ``r = (V e + b)/‖V‖``. BigGAN has no CB-AE port: a BigGAN world
-has K = 0 concepts, so only latent-space commands apply to it (concept smoothing, concept
-attacks and τ budgets need a concept bottleneck).
+scores are the PCBM's margins ``r = (V e + b)/‖V‖``. Upstream has no CB-AE for BigGAN: a BigGAN
+world without ``cbae`` has K = 0 concepts, so only latent-space commands apply to it (concept
+smoothing, concept attacks and τ budgets need a concept bottleneck); ``certify train cbae``
+trains one on the condition vector ``[t·z ; E y]`` and ``"cbae": {"trained": DIR}`` plugs it in.
+A trained CB-AE records the generator it was trained on (sha256 of the weights and config,
+class index, truncation) and is refused on any other.
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ _GENERATOR_KEYS = {
     "stylegan2": ({"kind", "pickle"}, {"network", "truncation_psi", "truncation_cutoff"}),
     "biggan": ({"kind", "weights", "config", "class_index"}, {"truncation"}),
 }
-_CBAE_KEYS = {"checkpoint", "config"}
+_CBAE_KEYS = {"checkpoint", "config"}  # upstream CB-AE of a stylegan2 world
+_TRAINED_CBAE_KEYS = {"trained"}  # `certify train cbae` output, for a biggan world
 _PREPROCESS_KEYS = {"size", "mean", "std"}
 
 
@@ -102,7 +108,8 @@ class WorldSpec:
       root: the world directory.
       name: world name (``World.name`` is ``dir:<name>``).
       generator: generator section, paths resolved (keys as in the manifest, defaults filled).
-      cbae: ``{"checkpoint": Path, "config": Path}`` or None.
+      cbae: ``{"checkpoint": Path, "config": Path}`` (stylegan2), ``{"trained": Path}``
+        (biggan) or None.
       classifiers: role -> converted-model directory.
       class_names: C class names.
       preprocess: classifier input preprocessing.
@@ -242,12 +249,12 @@ def read_manifest(path: str | Path) -> WorldSpec:
                          f"reads version {FORMAT_VERSION}")
     generator = _parse_generator(root, top["generator"])
     cbae = None
-    if top.get("cbae") is not None:
-        if generator["kind"] != "stylegan2":
-            raise ValueError(f"{MANIFEST}: cbae is given for generator.kind="
-                             f"{generator['kind']!r}; only stylegan2 has a CB-AE port")
+    if top.get("cbae") is not None and generator["kind"] == "stylegan2":
         section = _check_keys("cbae", top["cbae"], _CBAE_KEYS, set())
         cbae = {key: _file(root, "cbae", key, section[key]) for key in sorted(_CBAE_KEYS)}
+    elif top.get("cbae") is not None:
+        section = _check_keys("cbae", top["cbae"], _TRAINED_CBAE_KEYS, set())
+        cbae = {"trained": _file(root, "cbae", "trained", section["trained"], directory=True)}
     elif generator["kind"] == "stylegan2":
         raise ValueError(f"{MANIFEST}: missing key 'cbae'; a stylegan2 world takes its concepts "
                          "from a CB-AE ({\"checkpoint\": ..., \"config\": ...})")
@@ -283,6 +290,38 @@ def build_generator(spec: WorldSpec) -> Generator:
                          "(pip install 'cbcert[torch]')") from None
 
 
+def generator_identity(spec: WorldSpec) -> dict[str, Any]:
+    """What a CB-AE trained on this world's generator must match: kind, sha256 of the weights
+    and config files, class index and truncation (biggan)."""
+    from cbcert.convert.common import sha256_file
+
+    gen = spec.generator
+    if gen["kind"] != "biggan":
+        raise ValueError(f"{MANIFEST}: generator.kind={gen['kind']!r}; `certify train cbae` "
+                         "trains CB-AEs for biggan worlds (stylegan2 worlds use upstream's)")
+    return {"kind": "biggan", "weights_sha256": sha256_file(gen["weights"]),
+            "config_sha256": sha256_file(gen["config"]), "class_index": gen["class_index"],
+            "truncation": gen["truncation"]}
+
+
+def _trained_cbae(spec: WorldSpec):
+    from cbcert.train_cbae import read_cbae
+
+    path = spec.cbae["trained"]
+    try:
+        cbae, manifest = read_cbae(path)
+    except ValueError as err:
+        raise ValueError(f"{MANIFEST}: cbae.trained: {err}") from None
+    trained_on = manifest.get("identity", {}).get("generator", {})
+    expected = generator_identity(spec)
+    for key in expected:
+        if trained_on.get(key) != expected[key]:
+            raise ValueError(f"{MANIFEST}: cbae.trained={path.name!r} was trained on a generator "
+                             f"with {key}={trained_on.get(key)!r}, this world's has "
+                             f"{expected[key]!r}; retrain it (`certify train cbae`)")
+    return cbae
+
+
 def _convert_generator(spec: WorldSpec) -> Generator:
     gen = spec.generator
     if gen["kind"] == "stylegan2":
@@ -297,8 +336,9 @@ def _convert_generator(spec: WorldSpec) -> Generator:
     from cbcert.convert.biggan import load_biggan
     from cbcert.generators.biggan import biggan_generator
 
+    cbae = _trained_cbae(spec) if spec.cbae is not None else None
     return biggan_generator(load_biggan(gen["weights"], gen["config"]), gen["class_index"],
-                            gen["truncation"], name=f"biggan:{gen['weights'].name}")
+                            gen["truncation"], name=f"biggan:{gen['weights'].name}", cbae=cbae)
 
 
 def _kind_ok(role: str, manifest: dict) -> bool:

@@ -223,7 +223,8 @@ def test_cli_runs_on_a_world_directory(world_dir, tmp_path, command, scale):
     (lambda m: m["preprocess"].update(std=[1, 0, 1]), "preprocess.std=[1, 0, 1]"),
     (lambda m: m.update(format_version=2), "format_version=2"),
     (lambda m: m.update(generator={"kind": "biggan", "weights": "g.pkl", "config": "cbae.yaml",
-                                   "class_index": 0}), "only stylegan2 has a CB-AE"),
+                                   "class_index": 0}),
+     "unknown key 'checkpoint' in cbae (allowed: trained)"),
 ])
 def test_manifest_errors_exit_2_naming_the_key(world_dir, tmp_path, edit, message):
     path = with_manifest(tmp_path, world_dir, edit)
@@ -273,3 +274,77 @@ def test_biggan_world_has_no_concepts(world_dir, tmp_path):
     with pytest.raises(ValueError, match="class_index=5"):
         load_world_dir(with_manifest(tmp_path / "bad", world_dir,
                                      lambda m: biggan(m, class_index=5)))
+
+
+def test_train_cbae_then_certify_concepts_on_the_biggan_world(world_dir, tmp_path):
+    """`certify train cbae` on a BigGAN world, plugged in with "cbae": {"trained": ...}: the
+    world gains K concepts and `certify concept` runs on it; other generators are refused."""
+    torch.manual_seed(1)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    torch.save(TorchBigGAN(BIGGAN_FIELDS).eval().state_dict(), parts / "pytorch_model.bin")
+    (parts / "config.json").write_text(json.dumps(BIGGAN_FIELDS))
+    torch.save(torch_resnet("resnet18", 3, seed=4).state_dict(), parts / "concepts.pth")
+    convert("resnet18", parts / "concepts.pth", parts / "concepts")
+    torch.save(torch_resnet("resnet18", 2, seed=4).state_dict(), parts / "two.pth")
+    convert("resnet18", parts / "two.pth", parts / "two")
+
+    def biggan(manifest, class_index=3, cbae=None):
+        manifest.pop("cbae")
+        manifest["generator"] = {"kind": "biggan", "weights": "parts/pytorch_model.bin",
+                                 "config": "parts/config.json", "class_index": class_index,
+                                 "truncation": 0.5}
+        if cbae is not None:
+            manifest["cbae"] = {"trained": cbae}
+
+    def world(name, **kw):
+        root = with_manifest(tmp_path / name, world_dir, lambda m: biggan(m, **kw))
+        (tmp_path / name / "parts").symlink_to(parts)
+        return root
+
+    plain = world("plain")
+    train = ["train", "cbae", "--world", plain, "--concept-classifier", str(parts / "concepts"),
+             "--steps", "3", "--batch-size", "4", "--eval-samples", "8", "--quiet"]
+    cbae_dir = tmp_path / "plain" / "cbae"
+    result = CliRunner().invoke(cli.main, [*train, "--concepts", "a,b,c", "--out",
+                                           str(cbae_dir)])
+    assert result.exit_code == 0, result.output
+    assert "intervention_success" in result.output
+
+    trained = world("trained", cbae="cbae")
+    (tmp_path / "trained" / "cbae").symlink_to(cbae_dir)
+    loaded = load_world_dir(trained)
+    assert loaded.generator.concept_names == ("a", "b", "c")
+    assert loaded.generator.num_unsup == 10 and loaded.metadata["concepts"] is True
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli.main, ["concept", "--rho", "0.2", "--inputs", "2", "--n",
+                                           "20", "--n0", "5", "--batch", "2", "--models",
+                                           "std,cbm", "--world", trained, "--out", str(out),
+                                           "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert len((out / "records.jsonl").read_text().splitlines()) == 4
+
+    other = world("other", class_index=4, cbae="cbae")
+    (tmp_path / "other" / "cbae").symlink_to(cbae_dir)
+    with pytest.raises(ValueError, match="class_index=3, this world's has 4"):
+        load_world_dir(other)
+
+    for args, flag, message in [
+        (["--concepts", "a,b", "--out", str(tmp_path / "x")], "--concepts",
+         "outputs 3 logits but --concepts names 2"),
+        (["--concepts", "a,b,c", "--out", str(tmp_path / "x"), "--threshold", "1.5"],
+         "--threshold", "threshold=1.5; allowed: in [0.5, 1)"),
+        (["--concepts", "a,b,c", "--out", str(cbae_dir)], "--out",
+         "already holds a trained CB-AE"),
+    ]:
+        result = CliRunner().invoke(cli.main, [*train, *args])
+        assert result.exit_code == 2, result.output
+        assert flag in result.output and message in " ".join(result.output.split())
+    result = CliRunner().invoke(cli.main, ["train", "cbae", "--world", str(world_dir),
+                                           "--concept-classifier", str(parts / "two"),
+                                           "--concepts", "a,b", "--out", str(tmp_path / "y")])
+    assert result.exit_code == 2 and "already has a CB-AE" in result.output
+    result = CliRunner().invoke(cli.main, ["train", "cbae", "--world", trained,
+                                           "--concept-classifier", str(parts / "two"),
+                                           "--concepts", "a,b", "--out", str(tmp_path / "y")])
+    assert result.exit_code == 2 and "already has a CB-AE" in result.output

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from cbcert.generators.base import Generator
+from cbcert.generators.cbae import CBAE
 
 Layer = tuple[bool, int, int]  # (up-sample, input width, output width) in units of channel_width
 
@@ -253,33 +254,45 @@ class BigGAN(nnx.Module):
 
 
 def biggan_generator(model: BigGAN, class_index: int, truncation: float,
-                     name: str = "biggan-deep") -> Generator:
-    """BigGAN-deep for one ImageNet class as cbcert's ``Generator`` (no concept bottleneck).
+                     name: str = "biggan-deep", cbae: CBAE | None = None) -> Generator:
+    """BigGAN-deep for one ImageNet class as cbcert's ``Generator``.
 
     * ``g1(z) = [truncation · z ; E e_class]`` (the condition vector, ``dw = 2 z_dim``); z has a
       standard normal prior here -- upstream's truncated-normal sampling is not applied.
-    * ``E = D = identity`` (K = 0, U = 2 z_dim).
+    * ``E``/``D``: a CB-AE trained on that vector (``certify train cbae``; ``num_ws = 1``,
+      ``latent_dim = 2 z_dim``), or without one ``E = D = identity`` (K = 0, U = 2 z_dim).
     * ``g2(h) = (synthesize(h, truncation) + 1) / 2`` in [0, 1], NHWC.
     """
     config = model.config
     if not 0 <= class_index < config.num_classes:
         raise ValueError(f"class_index={class_index}; allowed: 0..{config.num_classes - 1}")
     stats_index(truncation, config.n_stats)  # validates truncation early
+    if cbae is not None and (cbae.config.num_ws, cbae.config.latent_dim) != (
+            1, config.condition_dim):
+        raise ValueError(f"CB-AE latent (num_ws={cbae.config.num_ws}, latent_dim="
+                         f"{cbae.config.latent_dim}) does not match the generator's condition "
+                         f"(num_ws=1, latent_dim={config.condition_dim})")
     graphdef, params = nnx.split(model)
+    cb_graphdef, cb_params = nnx.split(cbae) if cbae is not None else (None, None)
     onehot = jax.nn.one_hot(jnp.asarray([class_index]), config.num_classes)
 
     def g1(p, z):
-        m = nnx.merge(graphdef, p)
+        m = nnx.merge(graphdef, p["biggan"])
         y = jnp.broadcast_to(onehot, (z.shape[0], config.num_classes))
         return m.condition(truncation * z, y)
 
     def g2(p, h):
-        return (nnx.merge(graphdef, p).synthesize(h, truncation) + 1) / 2
+        return (nnx.merge(graphdef, p["biggan"]).synthesize(h, truncation) + 1) / 2
 
-    def identity(p, x):
-        return x
+    def encode(p, h):
+        return h if cbae is None else nnx.merge(cb_graphdef, p["cbae"]).encode(h)
 
-    return Generator(name=name, latent_dim=config.z_dim, concept_names=(),
-                     num_unsup=config.condition_dim,
-                     image_shape=(config.output_dim, config.output_dim, 3), params=params,
-                     g1=g1, encode=identity, decode=identity, g2=g2)
+    def decode(p, c):
+        return c if cbae is None else nnx.merge(cb_graphdef, p["cbae"]).decode(c)
+
+    return Generator(name=name, latent_dim=config.z_dim,
+                     concept_names=() if cbae is None else cbae.config.concept_names,
+                     num_unsup=config.condition_dim if cbae is None else cbae.config.num_unsup,
+                     image_shape=(config.output_dim, config.output_dim, 3),
+                     params={"biggan": params, "cbae": cb_params}, g1=g1, encode=encode,
+                     decode=decode, g2=g2)

@@ -16,7 +16,8 @@ Upstream logits are grouped by the config's concept bins; a binary concept's bin
 ``[c0+, c0−, c1+, c1−, ..., u]``, so the two differ by swapping inside every pair -- an
 involution, applied on the way out of E and on the way into D.
 
-Batch norm runs on its running statistics (the upstream model in ``eval()`` mode).
+Batch norm runs on its running statistics (the upstream model in ``eval()`` mode);
+``cbcert.train_cbae`` trains it in batch-statistics mode.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 BN_EPS = 1e-5  # torch.nn.BatchNorm1d default
+BN_MOMENTUM = 0.9  # torch's momentum 0.1 (weight of the new batch) in flax's convention
 LEAKY_SLOPE = 0.1  # upstream nn.LeakyReLU(0.1)
 NUM_HIDDEN = 3  # [Linear, LeakyReLU, BatchNorm] blocks in each of E and D
 
@@ -101,7 +103,8 @@ class _Block(nnx.Module):
 
     def __init__(self, din: int, dout: int, rngs: nnx.Rngs):
         self.linear = nnx.Linear(din, dout, rngs=rngs)
-        self.norm = nnx.BatchNorm(dout, use_running_average=True, epsilon=BN_EPS, rngs=rngs)
+        self.norm = nnx.BatchNorm(dout, use_running_average=True, epsilon=BN_EPS,
+                                  momentum=BN_MOMENTUM, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.norm(jax.nn.leaky_relu(self.linear(x), LEAKY_SLOPE))
