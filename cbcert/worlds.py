@@ -22,7 +22,9 @@ its source; the classifiers are the already converted, sha256-checked orbax dire
         "pickle": "network-snapshot.pkl",           #   path relative to the directory
         "network": "G_ema",                         #   optional, default "G_ema"
         "truncation_psi": 0.7,                      #   optional, default 1.0
-        "truncation_cutoff": null                   #   optional, default null (all layers)
+        "truncation_cutoff": null,                  #   optional, default null (all layers)
+        "class_index": null                         #   required (0..c_dim-1) for a
+                                                     #   conditional pickle, else absent/null
       },                                             # kind "biggan": "weights"
                                                      #   (pytorch_model.bin), "config"
                                                      #   (config.json), "class_index" (required),
@@ -47,6 +49,11 @@ smoothing, concept attacks and τ budgets need a concept bottleneck); ``certify 
 trains one on the condition vector ``[t·z ; E y]`` and ``"cbae": {"trained": DIR}`` plugs it in.
 A trained CB-AE records the generator it was trained on (sha256 of the weights and config,
 class index, truncation) and is refused on any other.
+
+StyleGAN2 pickles of any synthesis architecture ("skip", "orig", "resnet") are accepted. A
+conditional one (``c_dim > 0``, e.g. a class-conditional stylegan2-ada network) generates one
+class per world: ``class_index`` selects it and ``g1`` feeds its one-hot label to the mapping
+network, as BigGAN's class index does; an unconditional pickle refuses the key.
 """
 
 from __future__ import annotations
@@ -72,7 +79,8 @@ REQUIRED_ROLES = ("std", "cbm")
 _TOP_KEYS = {"format_version", "name", "generator", "cbae", "classifiers", "class_names",
              "preprocess"}
 _GENERATOR_KEYS = {
-    "stylegan2": ({"kind", "pickle"}, {"network", "truncation_psi", "truncation_cutoff"}),
+    "stylegan2": ({"kind", "pickle"}, {"network", "truncation_psi", "truncation_cutoff",
+                                       "class_index"}),
     "biggan": ({"kind", "weights", "config", "class_index"}, {"truncation"}),
 }
 _CBAE_KEYS = {"checkpoint", "config"}  # upstream CB-AE of a stylegan2 world
@@ -185,6 +193,7 @@ def _parse_generator(root: Path, raw: Any) -> dict[str, Any]:
     section = _check_keys("generator", raw, required, optional)
     if kind == "stylegan2":
         cutoff = section.get("truncation_cutoff")
+        class_index = section.get("class_index")  # checked against c_dim once converted
         return {
             "kind": kind,
             "pickle": _file(root, "generator", "pickle", section["pickle"]),
@@ -193,6 +202,8 @@ def _parse_generator(root: Path, raw: Any) -> dict[str, Any]:
                                       section.get("truncation_psi", 1.0), 0.0, 1.0, True),
             "truncation_cutoff": None if cutoff is None
             else _integer("generator", "truncation_cutoff", cutoff, 1),
+            "class_index": None if class_index is None
+            else _integer("generator", "class_index", class_index, 0),
         }
     return {
         "kind": kind,
@@ -322,6 +333,21 @@ def _trained_cbae(spec: WorldSpec):
     return cbae
 
 
+def _check_stylegan2_class(gen: dict[str, Any], c_dim: int) -> None:
+    """``generator.class_index`` against the pickle's label width (module docstring)."""
+    index, pickle_name = gen["class_index"], gen["pickle"].name
+    if c_dim and index is None:
+        raise ValueError(f"{MANIFEST}: missing key 'class_index' in generator; {pickle_name} is "
+                         f"a conditional StyleGAN2 (c_dim={c_dim}): choose a class in "
+                         f"0..{c_dim - 1}")
+    if not c_dim and index is not None:
+        raise ValueError(f"{_where('generator', 'class_index')}={index}; {pickle_name} is an "
+                         "unconditional StyleGAN2 (c_dim=0): remove the key")
+    if index is not None and index >= c_dim:
+        raise ValueError(f"{_where('generator', 'class_index')}={index}; allowed: "
+                         f"0..{c_dim - 1} ({pickle_name} has c_dim={c_dim})")
+
+
 def _convert_generator(spec: WorldSpec) -> Generator:
     gen = spec.generator
     if gen["kind"] == "stylegan2":
@@ -329,10 +355,12 @@ def _convert_generator(spec: WorldSpec) -> Generator:
         from cbcert.convert.stylegan2 import load_stylegan2
         from cbcert.generators.stylegan2 import stylegan2_generator
 
+        model = load_stylegan2(gen["pickle"], gen["network"])
+        _check_stylegan2_class(gen, model.config.c_dim)
         cbae = load_cbae(spec.cbae["checkpoint"], spec.cbae["config"])
-        return stylegan2_generator(load_stylegan2(gen["pickle"], gen["network"]), cbae,
-                                   gen["truncation_psi"], gen["truncation_cutoff"],
-                                   name=f"stylegan2:{gen['pickle'].name}")
+        return stylegan2_generator(model, cbae, gen["truncation_psi"], gen["truncation_cutoff"],
+                                   name=f"stylegan2:{gen['pickle'].name}",
+                                   class_index=gen["class_index"])
     from cbcert.convert.biggan import load_biggan
     from cbcert.generators.biggan import biggan_generator
 

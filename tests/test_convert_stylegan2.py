@@ -8,6 +8,14 @@ port's modulate-the-input formulation. Its modules pickle themselves the way
 ``torch_utils.persistence`` and ``dnnlib.util`` modules, so ``load_snapshot`` is exercised on a
 file laid out like a real ``network-snapshot-*.pkl``. All weights, biases, noise strengths,
 noise buffers, ``w_avg`` and the (asymmetric, non-separable) FIR filters are random.
+
+It builds the three synthesis architectures of the paper's Figure 7 -- "skip" (every block adds
+its RGB to the up-sampled running image), "orig" (one ToRGB, after the last block) and "resnet"
+(as "orig", plus a residual 1×1 up-sampling branch, ``(skip(x) + convs(x)) / √2`` with the
+second conv's gain and clamp scaled by ``1/√2``) -- and conditional generators (a label embedding
+normalised and concatenated to the normalised z before the mapping layers). The residual branch
+up-samples with a transposed convolution first and applies the 1×1 weights after, the reverse
+order of the port.
 """
 
 from __future__ import annotations
@@ -125,11 +133,12 @@ def modconv_reference(x, weight, styles, demodulate, up=1, f=None):
     return y.reshape(b, cout, *y.shape[2:])
 
 
-def bias_act_reference(x, b, lrelu, clamp):
+def bias_act_reference(x, b, lrelu, clamp, gain=1.0):
+    """``clamp(act(x + b) · gain', ±clamp · gain)``, ``gain' = √2 · gain`` for the lrelu."""
     x = x + b.reshape(1, -1, *([1] * (x.ndim - 2)))
     if lrelu:
-        x = F.leaky_relu(x, 0.2) * SQRT2
-    return x if clamp is None else x.clamp(-clamp, clamp)
+        x = F.leaky_relu(x, 0.2) * (SQRT2 * gain)
+    return x if clamp is None else x.clamp(-clamp * gain, clamp * gain)
 
 
 # ------------------------------------------------------------------ torch reference network
@@ -149,18 +158,26 @@ class FullyConnectedLayer(Persistent, nn.Module):
         return bias_act_reference(y, self.bias * self.bias_gain, self.activation == "lrelu", None)
 
 
+def normalize_reference(x):
+    return x * (x.square().mean(dim=1, keepdim=True) + 1e-8).rsqrt()
+
+
 class MappingNetwork(Persistent, nn.Module):
-    def __init__(self, z_dim, w_dim, num_ws, num_layers, g, lr):
+    def __init__(self, z_dim, w_dim, num_ws, num_layers, g, lr, c_dim=0):
         super().__init__()
-        self.z_dim, self.c_dim, self.w_dim, self.num_ws = z_dim, 0, w_dim, num_ws
+        self.z_dim, self.c_dim, self.w_dim, self.num_ws = z_dim, c_dim, w_dim, num_ws
         self.num_layers = num_layers
+        if c_dim:  # label embedding of width w_dim (NVlabs' default embed_features)
+            self.embed = FullyConnectedLayer(c_dim, w_dim, g)
         for i in range(num_layers):
-            setattr(self, f"fc{i}", FullyConnectedLayer(z_dim if i == 0 else w_dim, w_dim, g,
-                                                        lr, "lrelu"))
+            din = z_dim + (w_dim if c_dim else 0) if i == 0 else w_dim
+            setattr(self, f"fc{i}", FullyConnectedLayer(din, w_dim, g, lr, "lrelu"))
         self.register_buffer("w_avg", torch.randn(w_dim, generator=g))
 
-    def forward(self, z, psi=1.0, cutoff=None):
-        x = z * (z.square().mean(dim=1, keepdim=True) + 1e-8).rsqrt()
+    def forward(self, z, psi=1.0, cutoff=None, c=None):
+        x = normalize_reference(z)
+        if self.c_dim:
+            x = torch.cat([x, normalize_reference(self.embed(c))], dim=1)
         for i in range(self.num_layers):
             x = getattr(self, f"fc{i}")(x)
         ws = x.unsqueeze(1).repeat(1, self.num_ws, 1)
@@ -181,11 +198,11 @@ class SynthesisLayer(Persistent, nn.Module):
         self.register_buffer("noise_const", torch.randn(resolution, resolution, generator=g))
         self.noise_strength = nn.Parameter(0.5 * torch.randn([], generator=g))
 
-    def forward(self, x, w):
+    def forward(self, x, w, gain=1.0):
         y = modconv_reference(x, self.weight, self.affine(w), True, self.up,
                               self.resample_filter)
         y = y + self.noise_const * self.noise_strength
-        return bias_act_reference(y, self.bias, True, self.conv_clamp)
+        return bias_act_reference(y, self.bias, True, self.conv_clamp, gain)
 
 
 class ToRGBLayer(Persistent, nn.Module):
@@ -201,36 +218,66 @@ class ToRGBLayer(Persistent, nn.Module):
         return bias_act_reference(y, self.bias, False, self.conv_clamp)
 
 
-class SynthesisBlock(Persistent, nn.Module):
-    def __init__(self, cin, cout, w_dim, resolution, clamp, g):
+class Conv2dLayer(Persistent, nn.Module):
+    """Residual branch of a "resnet" block: 2× FIR up-sampling, then 1×1 linear, no bias."""
+
+    def __init__(self, cin, cout, g):
         super().__init__()
-        self.in_channels, self.resolution, self.architecture = cin, resolution, "skip"
+        self.activation, self.up, self.down, self.conv_clamp, self.padding = "linear", 2, 1, None, 0
+        self.weight_gain, self.act_gain = 1 / math.sqrt(cin), 1.0
+        self.weight = nn.Parameter(torch.randn(cout, cin, 1, 1, generator=g))
+        self.bias = None
+        self.register_buffer("resample_filter", random_filter(g))
+
+    def forward(self, x, gain=1.0):
+        x = upsample_reference(x, self.resample_filter)
+        return F.conv2d(x, self.weight * self.weight_gain) * gain
+
+
+class SynthesisBlock(Persistent, nn.Module):
+    def __init__(self, cin, cout, w_dim, resolution, clamp, g, architecture="skip",
+                 is_last=False):
+        super().__init__()
+        self.in_channels, self.resolution, self.architecture = cin, resolution, architecture
+        self.is_last = is_last
         self.register_buffer("resample_filter", random_filter(g))
         if cin == 0:
             self.const = nn.Parameter(torch.randn(cout, resolution, resolution, generator=g))
         else:
             self.conv0 = SynthesisLayer(cin, cout, w_dim, resolution, 2, clamp, g)
         self.conv1 = SynthesisLayer(cout, cout, w_dim, resolution, 1, clamp, g)
-        self.torgb = ToRGBLayer(cout, 3, w_dim, clamp, g)
-        self.num_conv, self.num_torgb = (1 if cin == 0 else 2), 1
+        self.num_conv, self.num_torgb = (1 if cin == 0 else 2), 0
+        if is_last or architecture == "skip":
+            self.torgb = ToRGBLayer(cout, 3, w_dim, clamp, g)
+            self.num_torgb = 1
+        if cin and architecture == "resnet":
+            self.skip = Conv2dLayer(cin, cout, g)
 
     def forward(self, x, img, ws):
         if self.in_channels == 0:
             x = self.conv1(self.const[None].repeat(ws.shape[0], 1, 1, 1), ws[:, 0])
+        elif self.architecture == "resnet":
+            y = self.skip(x, gain=math.sqrt(0.5))
+            x = y + self.conv1(self.conv0(x, ws[:, 0]), ws[:, 1], gain=math.sqrt(0.5))
         else:
             x = self.conv1(self.conv0(x, ws[:, 0]), ws[:, 1])
-        y = self.torgb(x, ws[:, self.num_conv])
-        return x, y if img is None else upsample_reference(img, self.resample_filter) + y
+        if img is not None:
+            img = upsample_reference(img, self.resample_filter)
+        if self.num_torgb:
+            y = self.torgb(x, ws[:, self.num_conv])
+            img = y if img is None else img + y
+        return x, img
 
 
 class SynthesisNetwork(Persistent, nn.Module):
-    def __init__(self, w_dim, resolution, channels, clamp, g):
+    def __init__(self, w_dim, resolution, channels, clamp, g, architecture="skip"):
         super().__init__()
         self.w_dim, self.img_resolution, self.img_channels = w_dim, resolution, 3
         self.block_resolutions = [2**i for i in range(2, int(math.log2(resolution)) + 1)]
         for i, res in enumerate(self.block_resolutions):
-            setattr(self, f"b{res}", SynthesisBlock(channels[i - 1] if i else 0, channels[i],
-                                                    w_dim, res, clamp, g))
+            setattr(self, f"b{res}", SynthesisBlock(
+                channels[i - 1] if i else 0, channels[i], w_dim, res, clamp, g, architecture,
+                is_last=res == resolution))
         self.num_ws = 2 * len(self.block_resolutions)
 
     def forward(self, ws):
@@ -238,20 +285,22 @@ class SynthesisNetwork(Persistent, nn.Module):
         start = 0
         for res in self.block_resolutions:
             block = getattr(self, f"b{res}")
-            x, img = block(x, img, ws[:, start:start + block.num_conv + 1])
+            x, img = block(x, img, ws[:, start:start + block.num_conv + block.num_torgb])
             start += block.num_conv
         return img
 
 
 class Generator(Persistent, nn.Module):
-    def __init__(self, z_dim, w_dim, resolution, channels, clamp, mapping_layers, seed):
+    def __init__(self, z_dim, w_dim, resolution, channels, clamp, mapping_layers, seed,
+                 architecture="skip", c_dim=0):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.z_dim, self.c_dim, self.w_dim = z_dim, 0, w_dim
+        self.z_dim, self.c_dim, self.w_dim = z_dim, c_dim, w_dim
         self.img_resolution, self.img_channels = resolution, 3
-        self.synthesis = SynthesisNetwork(w_dim, resolution, channels, clamp, g)
+        self.synthesis = SynthesisNetwork(w_dim, resolution, channels, clamp, g, architecture)
         self.num_ws = self.synthesis.num_ws
-        self.mapping = MappingNetwork(z_dim, w_dim, self.num_ws, mapping_layers, g, lr=0.01)
+        self.mapping = MappingNetwork(z_dim, w_dim, self.num_ws, mapping_layers, g, lr=0.01,
+                                      c_dim=c_dim)
         self._init_kwargs = EasyDict(mapping_kwargs=EasyDict(num_layers=mapping_layers))
 
 
@@ -265,13 +314,30 @@ def reference():
                      mapping_layers=3, seed=0).eval()
 
 
-@pytest.fixture(scope="module")
-def snapshot(reference, tmp_path_factory):
-    path = tmp_path_factory.mktemp("sg2") / "network-snapshot-000000.pkl"
-    data = dict(G=reference, D=None, G_ema=reference, augment_pipe=None,
-                training_set_kwargs=EasyDict(resolution=16))
+def write_snapshot(generator, path):
+    """``generator`` pickled as an NVlabs training snapshot (``G``, ``D``, ``G_ema``, ...)."""
+    data = dict(G=generator, D=None, G_ema=generator, augment_pipe=None,
+                training_set_kwargs=EasyDict(resolution=generator.img_resolution))
     path.write_bytes(pickle.dumps(data))
     return path
+
+
+def jitted_synthesize(model):
+    """Jitted ``synthesize`` (eager dispatch of every small op is ~10x slower here)."""
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def run(ws, key=None):
+        mode = "const" if key is None else "random"
+        return nnx.merge(graphdef, params).synthesize(ws, mode, key)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def snapshot(reference, tmp_path_factory):
+    return write_snapshot(reference,
+                          tmp_path_factory.mktemp("sg2") / "network-snapshot-000000.pkl")
 
 
 @pytest.fixture(scope="module")
@@ -281,15 +347,27 @@ def ported(snapshot):
 
 @pytest.fixture(scope="module")
 def synth(ported):
-    """Jitted ``synthesize`` (eager dispatch of every small op is ~10x slower here)."""
-    graphdef, params = nnx.split(ported)
+    return jitted_synthesize(ported)
 
-    @jax.jit
-    def run(ws, key=None):
-        mode = "const" if key is None else "random"
-        return nnx.merge(graphdef, params).synthesize(ws, mode, key)
 
-    return run
+@pytest.fixture(scope="module")
+def architectures(tmp_path_factory):
+    """"orig" and "resnet" references (16 px, blocks 4/8/16) and their snapshots."""
+    out = {}
+    for seed, arch in enumerate(("orig", "resnet"), start=5):
+        generator = Generator(z_dim=12, w_dim=10, resolution=16, channels=CHANNELS, clamp=CLAMP,
+                              mapping_layers=2, seed=seed, architecture=arch).eval()
+        out[arch] = generator, write_snapshot(generator, tmp_path_factory.mktemp(arch) / "g.pkl")
+    return out
+
+
+@pytest.fixture(scope="module")
+def conditional(tmp_path_factory):
+    """A conditional (c_dim=4) 8 px reference and its port."""
+    generator = Generator(z_dim=6, w_dim=8, resolution=8, channels=(16, 8), clamp=CLAMP,
+                          mapping_layers=2, seed=9, c_dim=4).eval()
+    path = write_snapshot(generator, tmp_path_factory.mktemp("cond") / "g.pkl")
+    return generator, convert.load_stylegan2(path)
 
 
 # ------------------------------------------------------------------ op tests
@@ -374,6 +452,77 @@ def test_generator_parity(reference, ported, synth, psi, cutoff):
     assert img.shape == (3, 16, 16, 3)
     np.testing.assert_allclose(img, img_ref, atol=tolerance(img_ref), rtol=0)
     assert np.abs(img_ref).max() > 0.1
+
+
+@pytest.mark.parametrize("arch", ["orig", "resnet"])
+def test_architecture_parity(architectures, arch):
+    """"orig"/"resnet": one ToRGB (last block), residual 1×1 up-sampling branch for "resnet"."""
+    reference, path = architectures[arch]
+    ported = convert.load_stylegan2(path)
+    assert ported.config.architecture == arch and ported.config.num_ws == 6
+    blocks = ported.blocks
+    assert [b.torgb is not None for b in blocks] == [False, False, True]
+    assert [b.skip is not None for b in blocks] == [False, arch == "resnet", arch == "resnet"]
+    assert all(b.resample_filter is None for b in blocks)  # no running image to up-sample
+    z = torch.randn(3, 12, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ws_ref = reference.mapping(z, 0.7, 2)
+        img_ref = reference.synthesis(ws_ref).numpy().transpose(0, 2, 3, 1)
+    ws = ported.map(jnp.asarray(z.numpy()), None, 0.7, 2)
+    np.testing.assert_allclose(np.asarray(ws), ws_ref.numpy(), atol=tolerance(ws_ref.numpy()),
+                               rtol=0)
+    img = np.asarray(jitted_synthesize(ported)(jnp.asarray(ws_ref.numpy())))
+    assert img.shape == (3, 16, 16, 3)
+    np.testing.assert_allclose(img, img_ref, atol=tolerance(img_ref), rtol=0)
+    assert np.abs(img_ref).max() > 0.1
+    # The (for "resnet": gain-scaled, ±CLAMP/√2) clamp of the second convs is active, so the
+    # parity above covers it.
+    convs = [reference.synthesis.b8.conv1, reference.synthesis.b16.conv1]
+    with torch.no_grad():
+        try:
+            for conv in convs:
+                conv.conv_clamp = None
+            unclamped = reference.synthesis(ws_ref).numpy().transpose(0, 2, 3, 1)
+        finally:
+            for conv in convs:
+                conv.conv_clamp = CLAMP
+    assert not np.allclose(unclamped, img_ref)
+
+
+def test_conditional_generator_parity(conditional):
+    """c_dim > 0: g1 feeds the one-hot label of class_index to the mapping network."""
+    reference, ported = conditional
+    config = ported.config
+    assert (config.c_dim, config.embed_width, config.num_ws) == (4, 8, 4)
+    gen = sg.stylegan2_generator(ported, None, 0.7, 3, class_index=2)
+    z = torch.randn(3, 6, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ws_ref = reference.mapping(z, 0.7, 3, c=F.one_hot(torch.full((3,), 2), 4).float())
+        img_ref = reference.synthesis(ws_ref).numpy().transpose(0, 2, 3, 1)
+    zj = jnp.asarray(z.numpy())
+    w = np.asarray(gen.g1(gen.params, zj))
+    expected_w = ws_ref.numpy().reshape(3, -1)
+    np.testing.assert_allclose(w, expected_w, atol=tolerance(expected_w), rtol=0)
+    img = np.asarray(jitted_synthesize(ported)(jnp.asarray(w).reshape(3, 4, 8)))
+    np.testing.assert_allclose(img, img_ref, atol=tolerance(img_ref), rtol=0)
+    x = np.asarray(jax.jit(gen.image)(gen.params, zj))
+    np.testing.assert_allclose(x, np.clip((img_ref + 1) / 2, 0, 1), atol=tolerance(img_ref),
+                               rtol=0)
+    assert 0.1 < np.mean((x > 0) & (x < 1))  # not all clipped
+    other = sg.stylegan2_generator(ported, None, 0.7, 3, class_index=0)
+    assert not np.allclose(other.g1(other.params, zj), w)  # the label matters
+
+
+def test_class_index_is_checked(conditional, ported):
+    _, model = conditional
+    with pytest.raises(ValueError, match=r"class_index=None; this StyleGAN2 is conditional "
+                                         r"\(c_dim=4\): pick a class in 0\.\.3"):
+        sg.stylegan2_generator(model)
+    for bad in (4, -1, True, 1.0):
+        with pytest.raises(ValueError, match=rf"class_index={bad!r}; allowed: 0\.\.3"):
+            sg.stylegan2_generator(model, class_index=bad)
+    with pytest.raises(ValueError, match=r"class_index=0; this StyleGAN2 is unconditional"):
+        sg.stylegan2_generator(ported, class_index=0)
 
 
 def test_reference_clamp_is_active(reference):
@@ -465,6 +614,44 @@ def test_strict_keys(snapshot, ported):
     misshaped = {**tensors, "mapping.fc1.weight": np.zeros((10, 9), np.float32)}
     with pytest.raises(ValueError, match=r"mapping\.fc1\.weight: checkpoint shape \(10, 9\)"):
         convert.stylegan2_from_state_dict(config, misshaped)
+
+
+def test_refuses_unknown_and_mixed_architectures(snapshot):
+    g = convert.load_snapshot(snapshot)["G_ema"]
+    blocks = g.attr("_modules")["synthesis"].attr("_modules")
+    blocks["b8"].state["architecture"] = "fancy"
+    with pytest.raises(ValueError, match=r"synthesis\.b8 \(training\.networks\.SynthesisBlock\): "
+                                         r"architecture='fancy'; supported: 'orig', 'skip', "
+                                         r"'resnet'"):
+        convert.stylegan2_from_pickle(g)
+    blocks["b8"].state["architecture"] = "orig"
+    with pytest.raises(ValueError, match=r"synthesis\.b8 .*architecture='orig', but "
+                                         r"synthesis\.b4 has 'skip'"):
+        convert.stylegan2_from_pickle(g)
+    with pytest.raises(ValueError, match="architecture='fancy'; allowed: 'orig', 'skip'"):
+        sg.StyleGAN2Config(z_dim=4, w_dim=4, img_resolution=4, img_channels=3, channels=(4,),
+                           architecture="fancy")
+
+
+def test_resnet_skip_branch_is_checked(architectures):
+    def load():
+        return convert.load_snapshot(architectures["resnet"][1])["G_ema"]
+
+    g = load()
+    b16 = g.attr("_modules")["synthesis"].attr("_modules")["b16"]
+    b16.attr("_modules")["skip"].state["up"] = 1
+    with pytest.raises(ValueError, match=r"synthesis\.b16\.skip: up=1; the resnet skip branch "
+                                         r"must have up=2"):
+        convert.stylegan2_from_pickle(g)
+    g = load()
+    g.attr("_modules")["synthesis"].attr("_modules")["b8"].attr("_modules").pop("skip")
+    with pytest.raises(ValueError, match="submodule 'skip' is missing"):
+        convert.stylegan2_from_pickle(g)
+    tensors = convert.module_tensors(load())  # a ToRGB on a non-last block is not "resnet"
+    config = convert.config_from_pickle(load())
+    extra = {**tensors, "synthesis.b8.torgb.bias": np.zeros(3, np.float32)}
+    with pytest.raises(ValueError, match=r"synthesis\.b8\.torgb\.bias"):
+        convert.stylegan2_from_state_dict(config, extra)
 
 
 def test_separable_filters_become_outer_products(snapshot, ported):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import re
 import sys
 import types
 
@@ -41,23 +42,30 @@ from cbcert import cli  # noqa: E402
 from cbcert.convert import common, convert, load_converted_module  # noqa: E402
 from cbcert.models.pcbm import PCBM, PCBMConfig  # noqa: E402
 from cbcert.models.pixpnet import PixPNet, PixPNetConfig  # noqa: E402
-from cbcert.worlds import Preprocess, load_world_dir, read_manifest  # noqa: E402
+from cbcert.worlds import (  # noqa: E402
+    Preprocess,
+    build_generator,
+    load_world_dir,
+    read_manifest,
+)
 
 DW, NUM_WS, RESOLUTION = 10, 6, 16  # tiny StyleGAN2: w_dim 10, 16 px -> 6 style layers
 BINS, TYPES = [2, 2, 2, 4], ["bin", "bin", "bin", "cat"]  # K = 3 concepts, U = 4
 CLASSES = ["cat", "dog"]
 
 
-def write_stylegan2_pickle(path) -> None:
+def write_stylegan2_pickle(path, **kwargs):
+    """The tiny reference StyleGAN2 (``kwargs``: e.g. ``c_dim``) pickled at ``path``."""
     reference = sg_ref.Generator(z_dim=12, w_dim=DW, resolution=RESOLUTION,
                                  channels=sg_ref.CHANNELS, clamp=sg_ref.CLAMP, mapping_layers=2,
-                                 seed=0).eval()
+                                 seed=0, **kwargs).eval()
     with pytest.MonkeyPatch.context() as patch:  # pickle resolves the upstream module names
         patch.setitem(sys.modules, "torch_utils", types.ModuleType("torch_utils"))
         patch.setitem(sys.modules, "torch_utils.persistence", sg_ref.persistence)
         patch.setitem(sys.modules, "dnnlib", types.ModuleType("dnnlib"))
         patch.setitem(sys.modules, "dnnlib.util", sg_ref.dnnlib_util)
         path.write_bytes(pickle.dumps({"G": reference, "D": None, "G_ema": reference}))
+    return reference
 
 
 def write_cbae(directory) -> None:
@@ -222,6 +230,10 @@ def test_cli_runs_on_a_world_directory(world_dir, tmp_path, command, scale):
     (lambda m: m["generator"].update(truncation_psi=1.5), "truncation_psi=1.5; allowed: (0.0"),
     (lambda m: m["preprocess"].update(std=[1, 0, 1]), "preprocess.std=[1, 0, 1]"),
     (lambda m: m.update(format_version=2), "format_version=2"),
+    (lambda m: m["generator"].update(class_index=0),
+     "generator.class_index=0; g.pkl is an unconditional StyleGAN2 (c_dim=0): remove the key"),
+    (lambda m: m["generator"].update(class_index=-1), "generator.class_index=-1; allowed: "
+                                                      "integers >= 0"),
     (lambda m: m.update(generator={"kind": "biggan", "weights": "g.pkl", "config": "cbae.yaml",
                                    "class_index": 0}),
      "unknown key 'checkpoint' in cbae (allowed: trained)"),
@@ -249,6 +261,32 @@ def test_roles_and_class_counts_are_checked(world_dir, tmp_path):
     with pytest.raises(ValueError, match="outputs 2 logits but class_names has 3"):
         load_world_dir(three)
 
+
+
+def test_conditional_stylegan2_world_takes_a_class_index(world_dir, tmp_path):
+    """A conditional pickle (c_dim=3) needs generator.class_index; g1 feeds its one-hot label."""
+    def world(name, **extra):
+        root = with_manifest(tmp_path / name, world_dir,
+                             lambda m: m["generator"].update(pickle="gc.pkl", **extra))
+        reference = write_stylegan2_pickle(tmp_path / name / "gc.pkl", c_dim=3)
+        return root, reference
+
+    root, reference = world("ok", class_index=1)
+    generator = build_generator(read_manifest(root))
+    z = torch.randn(2, 12, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ws = reference.mapping(z, 0.7, None, c=torch.nn.functional.one_hot(
+            torch.full((2,), 1), 3).float())
+    w = generator.g1(generator.params, jnp.asarray(z.numpy()))
+    np.testing.assert_allclose(w, ws.numpy().reshape(2, -1), atol=1e-4 * (1 + ws.abs().max()))
+    assert generator.concept_names == ("a", "b", "c")
+    for name, extra, message in [
+            ("missing", {}, "missing key 'class_index' in generator; gc.pkl is a conditional "
+                            "StyleGAN2 (c_dim=3): choose a class in 0..2"),
+            ("range", {"class_index": 3}, "generator.class_index=3; allowed: 0..2 (gc.pkl has "
+                                          "c_dim=3)")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            build_generator(read_manifest(world(name, **extra)[0]))
 
 
 def test_biggan_world_has_no_concepts(world_dir, tmp_path):

@@ -12,6 +12,12 @@ every other global (see ``cbcert.convert.pickles.RestrictedUnpickler``). torch i
 ``G_ema``'s parameters and persistent buffers are then flattened into state_dict keys
 (``synthesis.b8.conv0.affine.weight``, ...) and poured into ``StyleGAN2`` through one strict
 key table; the config comes from the stored attributes and tensor shapes.
+
+Synthesis architectures: "skip" (the StyleGAN2 default), "orig" and "resnet", read from the
+``architecture`` attribute every ``SynthesisBlock`` stores. NVlabs builds all blocks with one
+architecture; a pickle whose blocks differ is refused, naming the first block that differs.
+Conditional generators (``c_dim > 0``) convert as well (``mapping.embed``); the label is chosen
+when the model is wrapped as a ``Generator`` (``stylegan2_generator(..., class_index=k)``).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from cbcert.convert.common import (
     linear_entries,
 )
 from cbcert.convert.pickles import RestrictedUnpickler
-from cbcert.generators.stylegan2 import StyleGAN2, StyleGAN2Config
+from cbcert.generators.stylegan2 import ARCHITECTURES, StyleGAN2, StyleGAN2Config
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch's legacy (non-zip) serialisation magic number
 _EASYDICT = "dnnlib.util.EasyDict"
@@ -184,8 +190,10 @@ def config_from_pickle(g: PersistentObject) -> StyleGAN2Config:
     """``StyleGAN2Config`` of a pickled ``Generator`` from its attributes and tensor shapes.
 
     Raises:
-      ValueError: an architecture other than "skip", mixed conv clamps or noise settings,
-        or a mapping learning-rate multiplier that differs between layers.
+      ValueError: an architecture other than "orig", "skip" or "resnet", blocks with different
+        architectures, a "resnet" skip layer that is not NVlabs' (1×1, no bias, 2× up, linear,
+        no clamp), mixed conv clamps or noise settings, or a mapping learning-rate multiplier
+        that differs between layers.
     """
     mapping, synthesis = _child(g, "mapping"), _child(g, "synthesis")
     resolution = int(g.attr("img_resolution"))
@@ -193,13 +201,13 @@ def config_from_pickle(g: PersistentObject) -> StyleGAN2Config:
     blocks = [_child(synthesis, f"b{2**i}") for i in range(2, log2 + 1)]
     layers = [_child(b, "conv1") for b in blocks] + [_child(b, "conv0") for b in blocks[1:]]
     channels = tuple(_shape(_child(b, "conv1"), "weight")[0] for b in blocks)
-    for block in blocks:
-        if block.attr("architecture") != "skip":
-            raise ValueError(f"{block.class_name} b{block.attr('resolution')}: architecture="
-                             f"{block.attr('architecture')!r}; only 'skip' (the StyleGAN2 "
-                             "generator default) is supported")
+    architecture = _architecture(blocks)
+    if architecture == "resnet":
+        for i in range(1, len(blocks)):
+            _check_skip(blocks[i], channels[i - 1], channels[i])
+    rgb_blocks = blocks if architecture == "skip" else blocks[-1:]
     clamps = {layer.attr("conv_clamp") for layer in layers}
-    clamps |= {_child(b, "torgb").attr("conv_clamp") for b in blocks}
+    clamps |= {_child(b, "torgb").attr("conv_clamp") for b in rgb_blocks}
     noises = {bool(layer.attr("use_noise")) for layer in layers}
     if len(clamps) != 1 or len(noises) != 1:
         raise ValueError(f"conv_clamp values {clamps} / use_noise values {noises} differ "
@@ -221,11 +229,45 @@ def config_from_pickle(g: PersistentObject) -> StyleGAN2Config:
         embed_features=_shape(_child(mapping, "embed"), "weight")[0] if c_dim else None,
         lr_multiplier=lr, conv_clamp=None if clamp is None else float(clamp),
         filter_size=int(filter_shape[0]), use_noise=noises.pop(),
-        has_w_avg=mapping.attr("_buffers").get("w_avg") is not None)
+        has_w_avg=mapping.attr("_buffers").get("w_avg") is not None, architecture=architecture)
     if int(g.attr("num_ws")) != config.num_ws:
         raise ValueError(f"num_ws={g.attr('num_ws')} stored, but the synthesis network "
                          f"needs {config.num_ws}")
     return config
+
+
+def _architecture(blocks: list[PersistentObject]) -> str:
+    """The one synthesis architecture of all blocks; ValueError naming an odd block."""
+    first = blocks[0].attr("architecture")
+    for block in blocks:
+        arch = block.attr("architecture")
+        where = f"synthesis.b{block.attr('resolution')} ({block.class_name})"
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"{where}: architecture={arch!r}; supported: "
+                             f"{', '.join(map(repr, ARCHITECTURES))}")
+        if arch != first:
+            raise ValueError(f"{where}: architecture={arch!r}, but synthesis.b4 has {first!r}; "
+                             "blocks with different architectures are not supported (NVlabs "
+                             "builds every block with the same one)")
+    return first
+
+
+def _check_skip(block: PersistentObject, cin: int, cout: int) -> None:
+    """A "resnet" block's ``skip`` must be NVlabs' ``Conv2dLayer(cin, cout, kernel_size=1,
+    bias=False, up=2)``: linear, unclamped, 2× up-sampling (the port hard-codes that)."""
+    skip = _child(block, "skip")
+    where = f"synthesis.b{block.attr('resolution')}.skip"
+    shape = _shape(skip, "weight")
+    if shape != (cout, cin, 1, 1):
+        raise ValueError(f"{where}.weight: shape {shape}, expected {(cout, cin, 1, 1)} (a 1×1 "
+                         "conv from the previous block's channels)")
+    expected = {"up": 2, "down": 1, "activation": "linear", "conv_clamp": None}
+    for name, value in expected.items():
+        if skip.attr(name) != value:
+            raise ValueError(f"{where}: {name}={skip.attr(name)!r}; the resnet skip branch must "
+                             f"have {name}={value!r}")
+    if skip.attr("_parameters").get("bias") is not None:
+        raise ValueError(f"{where}: has a bias; the resnet skip branch has none")
 
 
 def stylegan2_table(config: StyleGAN2Config) -> Table:
@@ -237,16 +279,23 @@ def stylegan2_table(config: StyleGAN2Config) -> Table:
         linear_entries(table, f"mapping.fc{i}", ("mapping", "fc", i))
     if config.has_w_avg:
         table["mapping.w_avg"] = Entry(("mapping", "w_avg"))
+    skip_arch = config.architecture == "skip"
+    last = len(config.block_resolutions) - 1
     for i, res in enumerate(config.block_resolutions):
         key, path = f"synthesis.b{res}", ("blocks", i)
+        # The block filter up-samples the running image: only "skip" blocks after the 4x4 one.
+        table[f"{key}.resample_filter"] = (Entry((*path, "resample_filter"))
+                                           if i > 0 and skip_arch else Entry(None, "ignore"))
         if i == 0:
             table[f"{key}.const"] = Entry((*path, "const"))
-            table[f"{key}.resample_filter"] = Entry(None, "ignore")  # 4x4 block: no image to up
         else:
-            table[f"{key}.resample_filter"] = Entry((*path, "resample_filter"))
             _layer_entries(table, f"{key}.conv0", (*path, "conv0"), config, filter_used=True)
         _layer_entries(table, f"{key}.conv1", (*path, "conv1"), config, filter_used=False)
-        _affine_conv_entries(table, f"{key}.torgb", (*path, "torgb"))
+        if skip_arch or i == last:
+            _affine_conv_entries(table, f"{key}.torgb", (*path, "torgb"))
+        if i > 0 and config.architecture == "resnet":
+            table[f"{key}.skip.weight"] = Entry((*path, "skip", "kernel"), "conv")
+            table[f"{key}.skip.resample_filter"] = Entry((*path, "skip", "resample_filter"))
     return table
 
 

@@ -1,5 +1,6 @@
 """StyleGAN2 generator (Karras et al., CVPR 2020, "Analyzing and improving the image quality of
-StyleGAN") in Flax NNX, laid out like NVlabs' stylegan2-ada-pytorch ``G_ema`` (config "skip").
+StyleGAN") in Flax NNX, laid out like NVlabs' stylegan2-ada-pytorch ``G_ema``, with the three
+synthesis architectures of the paper's Figure 7 ("skip", the default, "orig" and "resnet").
 
 Written from the paper's equations and the public parameter layout (see
 ``cbcert.convert.stylegan2``); channel-last (NHWC) and float32 throughout, which is what the
@@ -19,9 +20,22 @@ Maths, per part:
   as a true convolution (spatially flipped), as NVlabs' transposed-convolution fast path does.
 * each conv layer adds ``noise · noise_strength`` (per-pixel noise broadcast over channels),
   the bias, ``lrelu_0.2 · √2`` and clamps to ``±conv_clamp``.
-* "skip" architecture: every block renders RGB with a 1×1 modulated conv without
-  demodulation (styles scaled by ``1/sqrt(fan_in)``); images are summed after up-sampling the
-  running image with the block's FIR filter.
+* ToRGB: a 1×1 modulated conv without demodulation (styles scaled by ``1/sqrt(fan_in)``),
+  linear, clamped to ``±conv_clamp``.
+* synthesis architecture (one for the whole network, as NVlabs builds it):
+
+  - "skip": every block renders RGB; the running image is up-sampled with the block's FIR
+    filter and the block's RGB added to it.
+  - "orig": plain stack of blocks; only the last block has a ToRGB, whose output is the image.
+  - "resnet": as "orig", and every block but the first (the constant input) is residual:
+    ``x' = (skip(x) + conv1(conv0(x))) / √2``, where ``skip`` is a 1×1 linear conv without bias
+    (equalised lr, weights scaled by ``1/sqrt(fan_in)``) followed by the same 2× FIR
+    up-sampling, and ``conv1``'s activation gain and clamp are both multiplied by ``1/√2``
+    (``lrelu(·)·√2/√2``, clamped to ``±conv_clamp/√2``).
+
+  Every architecture consumes ``num_ws = 2·blocks`` styles: the convs of block b >= 1 read
+  ``ws[:, 2b − 1]`` and ``ws[:, 2b]`` (block 0's single conv ``ws[:, 0]``); a ToRGB (every
+  block's in "skip", the last block's otherwise) reads the next one, ``ws[:, 2b + 1]``.
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ from cbcert.generators.base import Generator
 from cbcert.generators.cbae import CBAE
 
 NoiseMode = Literal["const", "random", "none"]
+ARCHITECTURES = ("orig", "skip", "resnet")
 LRELU_SLOPE = 0.2
 LRELU_GAIN = math.sqrt(2.0)
 KERNEL_SIZE = 3
@@ -67,6 +82,7 @@ class StyleGAN2Config:
       filter_size: side of the stored 2-D FIR up-sampling filter (4 for ``[1, 3, 3, 1]``).
       use_noise: whether the conv layers have noise inputs.
       has_w_avg: whether the mapping network tracks ``w_avg`` (needed for truncation).
+      architecture: synthesis architecture, one of ``ARCHITECTURES`` (module docstring).
     """
 
     z_dim: int
@@ -83,8 +99,12 @@ class StyleGAN2Config:
     filter_size: int = 4
     use_noise: bool = True
     has_w_avg: bool = True
+    architecture: str = "skip"
 
     def __post_init__(self):
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture={self.architecture!r}; allowed: "
+                             f"{', '.join(map(repr, ARCHITECTURES))}")
         res = self.img_resolution
         if res < 4 or res & (res - 1):
             raise ValueError(f"img_resolution={res}; must be a power of two >= 4")
@@ -298,8 +318,12 @@ class SynthesisLayer(nnx.Module):
             self.noise_const = self.noise_strength = None
 
     def __call__(self, x: jax.Array, w: jax.Array, noise_mode: NoiseMode,
-                 key: jax.Array | None) -> jax.Array:
-        """``x[B, H, W, I], w[B, w_dim] -> [B, H·up, W·up, O]``."""
+                 key: jax.Array | None, gain: float = 1.0) -> jax.Array:
+        """``x[B, H, W, I], w[B, w_dim] -> [B, H·up, W·up, O]``.
+
+        ``gain`` multiplies the activation gain and the clamp (NVlabs' ``gain`` argument; the
+        "resnet" architecture passes ``1/√2`` to the second conv of a block).
+        """
         styles = self.affine(w)
         f = None if self.resample_filter is None else self.resample_filter[...]
         y = modulated_conv2d(x, self.kernel[...], styles, True, self.up, f)
@@ -309,7 +333,27 @@ class SynthesisLayer(nnx.Module):
             else:
                 noise = jax.random.normal(key, (y.shape[0], self.resolution, self.resolution, 1))
             y = y + noise * self.noise_strength[...]
-        return bias_act(y, self.bias[...], True, LRELU_GAIN, self.conv_clamp)
+        clamp = None if self.conv_clamp is None else self.conv_clamp * gain
+        return bias_act(y, self.bias[...], True, LRELU_GAIN * gain, clamp)
+
+
+class SkipConv(nnx.Module):
+    """Residual branch of a "resnet" block: 1×1 linear conv without bias, then 2× FIR up.
+
+    ``y = gain · up_f(x W / √fan_in)`` with ``kernel[1, 1, I, O]`` and the layer's own stored
+    FIR filter ``f`` (NVlabs ``Conv2dLayer(kernel_size=1, bias=False, up=2)``: convolve first,
+    then ``upfirdn2d`` with the up-sampling padding and gain 4, i.e. ``upsample2d``).
+    """
+
+    def __init__(self, cin: int, cout: int, config: StyleGAN2Config, rngs: nnx.Rngs):
+        self.kernel = nnx.Param(jax.random.normal(rngs.params(), (1, 1, cin, cout)))
+        self.resample_filter = Buffer(jnp.ones((config.filter_size,) * 2))
+        self.weight_gain = 1.0 / math.sqrt(cin)
+
+    def __call__(self, x: jax.Array, gain: float) -> jax.Array:
+        """``x[B, H, W, I] -> [B, 2H, 2W, O]``."""
+        y = x @ (self.kernel[...][0, 0] * self.weight_gain)
+        return upsample2d(y, self.resample_filter[...]) * gain
 
 
 class ToRGB(nnx.Module):
@@ -329,42 +373,62 @@ class ToRGB(nnx.Module):
 
 
 class SynthesisBlock(nnx.Module):
-    """One resolution of the "skip" synthesis network: [const | conv0 (2× up)], conv1, ToRGB."""
+    """One resolution: [const | conv0 (2× up)], conv1, then per architecture (module docstring)
+    a ToRGB ("skip": every block; "orig"/"resnet": the last) and a residual ``skip`` branch
+    ("resnet", every block but the first)."""
 
     def __init__(self, index: int, config: StyleGAN2Config, rngs: nnx.Rngs):
         self.resolution = config.block_resolutions[index]
+        arch = config.architecture
         cout = config.channels[index]
+        is_last = index == len(config.block_resolutions) - 1
         if index == 0:
             self.const = nnx.Param(jax.random.normal(rngs.params(), (cout, 4, 4)))  # CHW
-            self.conv0 = self.resample_filter = None
+            self.conv0 = None
         else:
             cin = config.channels[index - 1]
             self.const = None
             self.conv0 = SynthesisLayer(cin, cout, self.resolution, 2, config, rngs)
-            self.resample_filter = Buffer(jnp.ones((config.filter_size,) * 2))
+        # Only "skip" has a running image to up-sample (NVlabs registers the filter everywhere).
+        self.resample_filter = (Buffer(jnp.ones((config.filter_size,) * 2))
+                                if index > 0 and arch == "skip" else None)
         self.conv1 = SynthesisLayer(cout, cout, self.resolution, 1, config, rngs)
-        self.torgb = ToRGB(cout, config, rngs)
+        self.torgb = ToRGB(cout, config, rngs) if is_last or arch == "skip" else None
+        self.skip = (SkipConv(config.channels[index - 1], cout, config, rngs)
+                     if index > 0 and arch == "resnet" else None)
 
     @property
     def num_conv(self) -> int:
         return 1 if self.conv0 is None else 2
 
+    @property
+    def num_torgb(self) -> int:
+        return 0 if self.torgb is None else 1
+
     def __call__(self, x: jax.Array | None, img: jax.Array | None, ws: jax.Array,
                  noise_mode: NoiseMode, key: jax.Array | None
-                 ) -> tuple[jax.Array, jax.Array]:
-        """``ws[B, num_conv + 1, w_dim]``; returns features and the running image (NHWC)."""
+                 ) -> tuple[jax.Array, jax.Array | None]:
+        """``ws[B, num_conv + num_torgb, w_dim]``; returns features and the running image (NHWC;
+        None after a block without ToRGB)."""
         keys = [None, None] if key is None else list(jax.random.split(key, 2))
         if self.conv0 is None:
             const = jnp.transpose(self.const[...], (1, 2, 0))  # [4, 4, C]
             x = jnp.broadcast_to(const[None], (ws.shape[0], *const.shape))
             x = self.conv1(x, ws[:, 0], noise_mode, keys[1])
+        elif self.skip is not None:
+            gain = math.sqrt(0.5)
+            y = self.skip(x, gain)
+            x = self.conv0(x, ws[:, 0], noise_mode, keys[0])
+            x = y + self.conv1(x, ws[:, 1], noise_mode, keys[1], gain)
         else:
             x = self.conv0(x, ws[:, 0], noise_mode, keys[0])
             x = self.conv1(x, ws[:, 1], noise_mode, keys[1])
-        y = self.torgb(x, ws[:, self.num_conv])
-        if img is not None:
-            y = y + upsample2d(img, self.resample_filter[...])
-        return x, y
+        if img is not None:  # "skip" only: the other architectures render RGB once, at the end
+            img = upsample2d(img, self.resample_filter[...])
+        if self.torgb is not None:
+            y = self.torgb(x, ws[:, self.num_conv])
+            img = y if img is None else img + y
+        return x, img
 
 
 class StyleGAN2(nnx.Module):
@@ -393,8 +457,8 @@ class StyleGAN2(nnx.Module):
         """``ws[B, num_ws, w_dim] -> img[B, H, W, C]`` in the generator's range (about [-1, 1]).
 
         Args:
-          ws: per-layer styles; block b reads ``ws[:, 2b − 1 : 2b + 2]`` (its ToRGB shares the
-            style of the next block's first conv).
+          ws: per-layer styles; block b reads ``ws[:, 2b − 1 : 2b + 2]`` (its ToRGB, when it has
+            one, shares the style of the next block's first conv).
           noise_mode: ``"const"`` (the stored noise buffers: deterministic), ``"random"`` (fresh
             N(0, 1) noise drawn from ``key``) or ``"none"``.
           key: PRNG key, required for ``"random"`` and refused otherwise.
@@ -412,28 +476,42 @@ class StyleGAN2(nnx.Module):
         start = 0
         for i, block in enumerate(self.blocks):
             block_key = None if key is None else jax.random.fold_in(key, i)
-            x, img = block(x, img, ws[:, start: start + block.num_conv + 1], noise_mode, block_key)
+            x, img = block(x, img, ws[:, start: start + block.num_conv + block.num_torgb],
+                           noise_mode, block_key)
             start += block.num_conv
         return img
 
 
 def stylegan2_generator(model: StyleGAN2, cbae: CBAE | None = None,
                         truncation_psi: float = 1.0, truncation_cutoff: int | None = None,
-                        name: str = "stylegan2") -> Generator:
+                        name: str = "stylegan2", class_index: int | None = None) -> Generator:
     """StyleGAN2 (+ optional CB-AE) as cbcert's ``Generator`` (``g = g2 ∘ D ∘ E ∘ g1``).
 
-    * ``g1(z) = map(z, ψ, cutoff)`` flattened to ``w[B, num_ws · w_dim]``.
+    * ``g1(z) = map(z, c, ψ, cutoff)`` flattened to ``w[B, num_ws · w_dim]``; for a
+      conditional generator (``c_dim > 0``) ``c`` is the one-hot label of ``class_index``
+      (required, in ``[0, c_dim)``; fixed for the whole world, as BigGAN's class), for an
+      unconditional one there is no label and ``class_index`` must be None.
     * ``E``/``D``: the CB-AE's (``cbcert.generators.cbae.CBAE``); without one, K = 0 and
       ``E = D = identity`` (``U = num_ws · w_dim``).
     * ``g2(w) = clip((synthesize(w, noise_mode="const") + 1) / 2, 0, 1)`` as ``[B, H, W, C]``:
       the stored constant noise makes ``g2`` a deterministic function of ``w``.
 
-    Only unconditional generators (``c_dim == 0``) fit the protocol.
+    Raises:
+      ValueError: a conditional generator without ``class_index`` or with one outside
+        ``[0, c_dim)``, an unconditional one with a ``class_index``, or a CB-AE whose latent
+        shape differs from the generator's.
     """
     config = model.config
-    if config.c_dim:
-        raise ValueError(f"c_dim={config.c_dim}; only unconditional generators (c_dim=0) map "
-                         "onto the Generator protocol")
+    if config.c_dim and class_index is None:
+        raise ValueError(f"class_index=None; this StyleGAN2 is conditional (c_dim="
+                         f"{config.c_dim}): pick a class in 0..{config.c_dim - 1}")
+    if not config.c_dim and class_index is not None:
+        raise ValueError(f"class_index={class_index!r}; this StyleGAN2 is unconditional "
+                         "(c_dim=0) and takes no class")
+    if class_index is not None and (not isinstance(class_index, int) or isinstance(
+            class_index, bool) or not 0 <= class_index < config.c_dim):
+        raise ValueError(f"class_index={class_index!r}; allowed: 0..{config.c_dim - 1} "
+                         f"(c_dim={config.c_dim})")
     if cbae is not None and (cbae.config.latent_dim, cbae.config.num_ws) != (config.w_dim,
                                                                              config.num_ws):
         raise ValueError(f"CB-AE latent (num_ws={cbae.config.num_ws}, latent_dim="
@@ -441,9 +519,12 @@ def stylegan2_generator(model: StyleGAN2, cbae: CBAE | None = None,
                          f"{config.num_ws}, w_dim={config.w_dim})")
     graphdef, params = nnx.split(model)
     cb_graphdef, cb_params = nnx.split(cbae) if cbae is not None else (None, None)
+    onehot = (None if class_index is None
+              else jax.nn.one_hot(jnp.asarray([class_index]), config.c_dim))
 
     def g1(p, z):
-        ws = nnx.merge(graphdef, p["stylegan2"]).map(z, None, truncation_psi, truncation_cutoff)
+        c = None if onehot is None else jnp.broadcast_to(onehot, (z.shape[0], config.c_dim))
+        ws = nnx.merge(graphdef, p["stylegan2"]).map(z, c, truncation_psi, truncation_cutoff)
         return ws.reshape(z.shape[0], -1)
 
     def g2(p, w):
