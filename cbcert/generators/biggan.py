@@ -28,6 +28,7 @@ from flax import nnx
 
 from cbcert.generators.base import Generator
 from cbcert.generators.cbae import CBAE
+from cbcert.models.layers import PatchConv, conv2d
 
 Layer = tuple[bool, int, int]  # (up-sample, input width, output width) in units of channel_width
 
@@ -141,10 +142,9 @@ class OutputBatchNorm(nnx.Module):
         return (x - mean) / jnp.sqrt(var + self.eps) * self.weight[...] + self.bias[...]
 
 
-def _conv(cin: int, cout: int, kernel: int, bias: bool, rngs: nnx.Rngs) -> nnx.Conv:
-    pad = kernel // 2
-    return nnx.Conv(cin, cout, (kernel, kernel), padding=((pad, pad), (pad, pad)),
-                    use_bias=bias, rngs=rngs)
+def _conv(cin: int, cout: int, kernel: int, bias: bool, rngs: nnx.Rngs) -> PatchConv:
+    """``Conv2d(cin, cout, kernel, padding=kernel // 2)`` in NHWC, as a patch matmul."""
+    return conv2d(cin, cout, kernel, padding=kernel // 2, use_bias=bias, rngs=rngs)
 
 
 def upsample_nearest(x: jax.Array) -> jax.Array:

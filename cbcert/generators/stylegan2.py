@@ -15,9 +15,12 @@ Maths, per part:
   ``w_avg + ψ (w − w_avg)``.
 * modulated convolution (paper eq. 1-3): styles ``s = A(w)`` (affine, bias initialised to 1),
   ``w'_ijk = s_i w_ijk``, demodulated by ``1 / sqrt(Σ_ik w'_ijk² + 1e-8)``; computed as
-  ``conv(x ⊙ s, w) ⊙ d`` (the same linear map as the per-sample grouped convolution).
+  ``conv(x ⊙ s, w) ⊙ d`` (the same linear map as the per-sample grouped convolution), the
+  shared-weight ``conv`` as a patch matmul (``cbcert.models.layers.conv_patches``).
 * up-sampling (2×): zero insertion, the stored FIR filter ``f`` (gain 4), then the 3×3 kernel used
   as a true convolution (spatially flipped), as NVlabs' transposed-convolution fast path does.
+  The FIR filter is applied per channel as ``fh·fw`` shifted multiply-adds, not as a depthwise
+  convolution (which XLA:CPU runs at < 1 GFLOP/s).
 * each conv layer adds ``noise · noise_strength`` (per-pixel noise broadcast over channels),
   the bias, ``lrelu_0.2 · √2`` and clamps to ``±conv_clamp``.
 * ToRGB: a 1×1 modulated conv without demodulation (styles scaled by ``1/sqrt(fan_in)``),
@@ -50,6 +53,7 @@ from flax import nnx
 
 from cbcert.generators.base import Generator
 from cbcert.generators.cbae import CBAE
+from cbcert.models.layers import conv_patches
 
 NoiseMode = Literal["const", "random", "none"]
 ARCHITECTURES = ("orig", "skip", "resnet")
@@ -170,13 +174,18 @@ def bias_act(x: jax.Array, bias: jax.Array, lrelu: bool, gain: float,
 
 def upfirdn2d(x: jax.Array, f: jax.Array, up: int, padding: tuple[int, int, int, int],
               gain: float) -> jax.Array:
-    """Up-sample, pad, FIR-filter: ``x[B, H, W, C] -> [B, H·up + px0 + px1 − fw + 1, ...]``.
+    """Up-sample, pad, FIR-filter: ``x[B, H, W, C] -> [B, H·up + py0 + py1 − fh + 1,
+    W·up + px0 + px1 − fw + 1, C]``.
 
     Zero insertion (``x[i]`` lands at ``i·up``, ``up − 1`` zeros follow), padding
     ``(px0, px1, py0, py1)`` (negative values crop), then true 2-D convolution with
     ``gain · f[fh, fw]`` keeping only fully overlapping outputs (NVlabs ``upfirdn2d`` with
     ``down=1, flip_filter=False``). Row n of the result is row ``n + fh − 1 − py0`` of the full
     convolution of the zero-inserted input (``scipy.signal.upfirdn``).
+
+    Computed per channel as ``y[n, m] = Σ_{i<fh, j<fw} g[i, j] · p[n + i, m + j]`` with
+    ``g = gain · f`` flipped in both axes and ``p`` the up-sampled, padded map: ``fh·fw`` shifted
+    multiply-adds (XLA:CPU runs the equivalent depthwise convolution at < 1 GFLOP/s).
     """
     b, h, w, c = x.shape
     px0, px1, py0, py1 = padding
@@ -186,11 +195,15 @@ def upfirdn2d(x: jax.Array, f: jax.Array, up: int, padding: tuple[int, int, int,
         x = x.reshape(b, h * up, w * up, c)
     x = jnp.pad(x, ((0, 0), (max(py0, 0), max(py1, 0)), (max(px0, 0), max(px1, 0)), (0, 0)))
     x = x[:, max(-py0, 0): x.shape[1] - max(-py1, 0), max(-px0, 0): x.shape[2] - max(-px1, 0)]
-    kernel = (f[::-1, ::-1] * gain).astype(x.dtype)  # flipped: convolution, not correlation
-    kernel = jnp.broadcast_to(kernel[:, :, None, None], (*f.shape, 1, c))  # depthwise HWIO
-    return jax.lax.conv_general_dilated(x, kernel, (1, 1), "VALID",
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                        feature_group_count=c)
+    fh, fw = f.shape
+    taps = (f[::-1, ::-1] * gain).astype(x.dtype)  # flipped: convolution, not correlation
+    ho, wo = x.shape[1] - fh + 1, x.shape[2] - fw + 1
+    y = None
+    for i in range(fh):
+        for j in range(fw):
+            term = x[:, i: i + ho, j: j + wo] * taps[i, j]
+            y = term if y is None else y + term
+    return y
 
 
 def upsample2d(x: jax.Array, f: jax.Array) -> jax.Array:
@@ -219,8 +232,7 @@ def modulated_conv2d(x: jax.Array, kernel: jax.Array, styles: jax.Array, demodul
     k = kernel.shape[0]
     y = x * styles[:, None, None, :]
     if up == 1:
-        y = jax.lax.conv_general_dilated(y, kernel, (1, 1), [(k // 2, k // 2)] * 2,
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        y = conv_patches(y, kernel, 1, k // 2)
     elif up == 2:
         if f is None:
             raise ValueError("f=None; the 2x up-sampling convolution needs its FIR filter")
@@ -229,8 +241,7 @@ def modulated_conv2d(x: jax.Array, kernel: jax.Array, styles: jax.Array, demodul
         padding = (pad + (fw + 1) // 2, pad + (fw - 2) // 2,
                    pad + (fh + 1) // 2, pad + (fh - 2) // 2)
         y = upfirdn2d(y, f, up=2, padding=padding, gain=4.0)
-        y = jax.lax.conv_general_dilated(y, kernel[::-1, ::-1], (1, 1), "VALID",
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        y = conv_patches(y, kernel[::-1, ::-1], 1, 0)
     else:
         raise ValueError(f"up={up}; allowed: 1, 2")
     if demodulate:

@@ -160,8 +160,7 @@ class DenseNet(nnx.Module):
     def __init__(self, config: DenseNetConfig, *, rngs: nnx.Rngs):
         self.config = config
         names = stage_names(config)[: config.num_stages]
-        self.conv0 = nnx.Conv(3, config.num_init_features, (7, 7), strides=(2, 2),
-                              padding=((3, 3), (3, 3)), use_bias=False, rngs=rngs)
+        self.conv0 = conv(3, config.num_init_features, 7, 2, rngs)
         self.norm0 = batch_norm(config.num_init_features, rngs) if "norm0" in names else None
         channels = config.block_channels()
         self.blocks = nnx.List([

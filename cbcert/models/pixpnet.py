@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from cbcert.models.densenet import DENSENET_PRESETS, DenseNet, DenseNetConfig
+from cbcert.models.layers import conv2d
 from cbcert.models.resnet import RESNET_PRESETS, ResNet, ResNetConfig, batch_norm
 
 VGG_LAYOUTS: dict[str, tuple[int | str, ...]] = {
@@ -73,7 +74,7 @@ class VGGFeatures(nnx.Module):
         convs, norms, cin = [], [], 3
         for _, op, _, channels in self.sequence:
             if op == "conv":
-                convs.append(nnx.Conv(cin, channels, (3, 3), padding=((1, 1), (1, 1)), rngs=rngs))
+                convs.append(conv2d(cin, channels, 3, padding=1, rngs=rngs))
                 cin = channels
             elif op == "bn":
                 norms.append(batch_norm(channels, rngs))
@@ -228,7 +229,7 @@ class PixPNet(nnx.Module):
             self.backbone = DenseNet(backbone_config, rngs=rngs)
         else:
             self.backbone = VGGFeatures(config.feature_extractor, config.feature_layer, rngs=rngs)
-        self.add_on = nnx.List([nnx.Conv(cin, cout, (1, 1), rngs=rngs)
+        self.add_on = nnx.List([conv2d(cin, cout, 1, rngs=rngs)
                                 for _, cin, cout, _ in add_on_layer_specs(config)])
         p, c = config.num_prototypes, config.num_classes
         self.prototypes = nnx.Param(jnp.zeros((p, config.prototype_dim)))  # [P, D]

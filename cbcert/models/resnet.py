@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from cbcert.models.layers import PatchConv, conv2d
+
 BN_EPS = 1e-5  # torch.nn.BatchNorm2d default; flax's default (1e-6) would change the outputs
 # PixPNet's names for the points where a torchvision ResNet can be cut ("conv1" = after its ReLU).
 STAGES = ("conv1", "maxpool", "layer1", "layer2", "layer3", "layer4")
@@ -90,15 +92,16 @@ RESNET_PRESETS: dict[str, tuple[str, tuple[int, int, int, int]]] = {
 }
 
 
-def conv(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs, bias: bool = False):
+def conv(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs,
+         bias: bool = False) -> PatchConv:
     """``torch.nn.Conv2d(cin, cout, kernel, stride, padding=kernel // 2)`` in NHWC.
 
-    PyTorch pads symmetrically by ``kernel // 2``; flax's ``"SAME"`` pads asymmetrically for
-    even inputs with stride 2, so the padding is given explicitly.
+    PyTorch pads symmetrically by ``kernel // 2`` (flax's ``"SAME"`` would pad asymmetrically
+    for even inputs with stride 2). ``nnx.Conv``'s parameter layout, computed as a patch matmul
+    (``cbcert.models.layers.conv_patches``).
     """
-    pad = kernel // 2
-    return nnx.Conv(cin, cout, (kernel, kernel), strides=(stride, stride),
-                    padding=((pad, pad), (pad, pad)), use_bias=bias, rngs=rngs)
+    return conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, use_bias=bias,
+                  rngs=rngs)
 
 
 def batch_norm(channels: int, rngs: nnx.Rngs) -> nnx.BatchNorm:
@@ -170,8 +173,7 @@ class ResNet(nnx.Module):
 
     def __init__(self, config: ResNetConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.conv1 = nnx.Conv(3, 64, (7, 7), strides=(2, 2), padding=((3, 3), (3, 3)),
-                              use_bias=False, rngs=rngs)
+        self.conv1 = conv(3, 64, 7, 2, rngs)
         self.bn1 = batch_norm(64, rngs)
         block = BasicBlock if config.block == "basic" else Bottleneck
         stages = []

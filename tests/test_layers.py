@@ -1,0 +1,75 @@
+"""``cbcert.models.layers``: the patch-matmul convolution as a drop-in for ``nnx.Conv``."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from cbcert.models.layers import PatchConv, conv2d, conv_patches
+
+# (cin, cout, kernel, stride, padding, use_bias, input side): every shape the ports build
+# (ResNet/DenseNet stems, 3×3 and strided 1×1 convs, VGG and BigGAN convs with bias, add-ons).
+CASES = [
+    (3, 8, 7, 2, 3, False, 13),
+    (4, 6, 3, 1, 1, False, 7),
+    (4, 6, 3, 2, 1, False, 8),
+    (4, 6, 1, 2, 0, False, 7),
+    (5, 6, 1, 1, 0, True, 5),
+    (3, 5, 3, 1, 1, True, 6),
+]
+
+
+@pytest.mark.parametrize("cin,cout,kernel,stride,padding,use_bias,side", CASES)
+def test_conv2d_is_a_drop_in_for_nnx_conv(cin, cout, kernel, stride, padding, use_bias, side):
+    def ours(rngs):
+        return conv2d(cin, cout, kernel, stride=stride, padding=padding, use_bias=use_bias,
+                      rngs=rngs)
+
+    def flax_conv(rngs):
+        return nnx.Conv(cin, cout, (kernel, kernel), strides=(stride, stride),
+                        padding=((padding, padding),) * 2, use_bias=use_bias, rngs=rngs)
+
+    def build_pair(build):  # the second module shows the random stream stayed in step
+        rngs = nnx.Rngs(0)
+        return build(rngs), build(rngs)
+
+    mine, theirs = build_pair(ours), build_pair(flax_conv)
+    for a, b in zip(mine, theirs, strict=True):
+        state_a, state_b = nnx.to_pure_dict(nnx.state(a)), nnx.to_pure_dict(nnx.state(b))
+        assert set(state_a) == set(state_b) == ({"kernel", "bias"} if use_bias else {"kernel"})
+        for key in state_a:
+            np.testing.assert_array_equal(state_a[key], state_b[key])
+    x = jax.random.normal(jax.random.key(1), (2, side, side, cin))
+    if use_bias:  # a non-zero bias, the same on both sides
+        bias = jax.random.normal(jax.random.key(2), (cout,))
+        mine[0].bias.set_value(bias)
+        theirs[0].bias.set_value(bias)
+    expected = theirs[0](x)
+    got = mine[0](x)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+def test_world_patch_conv_keeps_its_random_stream_and_layout():
+    """The world nets' ``PatchConv`` draws one key (no bias key), so their seeds still give the
+    weights they were trained from; ``use_bias`` defaults to True."""
+    rngs = nnx.Rngs(0)
+    conv = PatchConv(3, 4, 3, padding=1, rngs=rngs)
+    after = rngs.params()
+    reference = nnx.Rngs(0)
+    reference.params()
+    np.testing.assert_array_equal(jax.random.key_data(after),
+                                  jax.random.key_data(reference.params()))
+    assert set(nnx.to_pure_dict(nnx.state(conv))) == {"kernel", "bias"}
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_one_by_one_conv_is_slices_and_one_matmul(stride):
+    x, kernel = np.ones((2, 7, 7, 4), np.float32), np.ones((1, 1, 4, 6), np.float32)
+    jaxpr = jax.make_jaxpr(lambda x, k: conv_patches(x, k, stride, 0))(x, kernel)
+    primitives = [eqn.primitive.name for eqn in jaxpr.jaxpr.eqns]
+    assert "concatenate" not in primitives and "pad" not in primitives
+    assert primitives.count("dot_general") == 1
+    assert set(primitives) <= {"slice", "reshape", "dot_general"}
