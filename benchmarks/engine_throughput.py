@@ -10,6 +10,7 @@ weights. Printed: samples/s, ratios, achieved FLOP/s against a measured float32 
     PYTHONPATH=. python benchmarks/engine_throughput.py            # full run, < 5 min on 2 cores
     PYTHONPATH=. python benchmarks/engine_throughput.py --quick    # smoke run
     PYTHONPATH=. python benchmarks/engine_throughput.py --case world
+    PYTHONPATH=. python benchmarks/engine_throughput.py --cpu-devices 2   # one XLA device per core
 
 Cases: (a) a ResNet-18-sized classifier (torchvision layout, 1000 classes) on 64×64 images with
 random weights (copied from torch to JAX); (b) the built-in default world pipeline
@@ -25,10 +26,29 @@ import platform
 import sys
 import time
 
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples (smoke test)")
+    parser.add_argument("--case", choices=("all", "resnet18", "world", "mlp"), default="all",
+                        help="run one case only (default: all)")
+    parser.add_argument("--cpu-devices", type=int, default=1,
+                        help="XLA CPU devices (--xla_force_host_platform_device_count); the "
+                             "engine splits every chunk over them with shard_map")
+    args = parser.parse_args()
+    if args.cpu_devices < 1:
+        parser.error(f"--cpu-devices={args.cpu_devices}; allowed: >= 1")
+    return args
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
 # Pin every thread pool to the cores this process may use, before the libraries start.
 THREADS = len(os.sched_getaffinity(0))
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, str(THREADS))
+if ARGS is not None and ARGS.cpu_devices > 1:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+                               f"device_count={ARGS.cpu_devices}").strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -37,6 +57,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from cbcert.engine import keys, noise, sampler  # noqa: E402
+from cbcert.models.layers import conv_patches  # noqa: E402
 
 torch.set_num_threads(THREADS)
 torch.set_num_interop_threads(1)
@@ -196,21 +217,9 @@ def jax_params_from_torch(model: nn.Module) -> dict:
 
 
 def conv_im2col(x: jax.Array, w: jax.Array, stride: int, pad: int, acc_dtype) -> jax.Array:
-    """NHWC convolution as one matmul over k×k patches: ``x[B,H,W,I] * w[kh,kw,I,O]``.
-
-    XLA:CPU's native convolution falls to ~1 GFLOP/s on ResNet-18's last stage (2×2 maps,
-    512 channels; measured with jax 0.10.2), while a patch matmul runs at matmul speed.
-    """
-    kh, kw, cin, cout = w.shape
-    xp = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
-    ho = (x.shape[1] + 2 * pad - kh) // stride + 1
-    wo = (x.shape[2] + 2 * pad - kw) // stride + 1
-    patches = jnp.concatenate(
-        [xp[:, i : i + stride * (ho - 1) + 1 : stride, j : j + stride * (wo - 1) + 1 : stride]
-         for i in range(kh) for j in range(kw)],
-        axis=-1,
-    )  # [B, ho, wo, kh*kw*I], (i, j, c) order as in the HWIO kernel
-    return jnp.dot(patches, w.reshape(kh * kw * cin, cout), preferred_element_type=acc_dtype)
+    """NHWC convolution as one patch matmul (``cbcert.models.layers.conv_patches``, what the
+    models use), accumulating in ``acc_dtype``."""
+    return conv_patches(x, w, stride, pad, preferred_element_type=acc_dtype)
 
 
 def conv_native(x: jax.Array, w: jax.Array, stride: int, pad: int, acc_dtype) -> jax.Array:
@@ -471,11 +480,7 @@ def report(rates: dict, best_batch: int, engine: dict, flops: float, peak: float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer samples (smoke test)")
-    parser.add_argument("--case", choices=("all", "resnet18", "world", "mlp"), default="all",
-                        help="run one case only (default: all)")
-    args = parser.parse_args()
+    args = ARGS
     print("command:", " ".join([sys.executable, *sys.argv]))
     print(f"python {platform.python_version()}, jax {jax.__version__}, numpy {np.__version__}, "
           f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
@@ -492,7 +497,8 @@ def main() -> None:
     for name, case in cases.items():
         if args.case in ("all", name):
             case(args.quick, peak)
-    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"\ntotal {time.perf_counter() - started:.0f} s, load average at the end {load}")
 
 
 if __name__ == "__main__":
