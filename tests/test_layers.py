@@ -73,3 +73,21 @@ def test_one_by_one_conv_is_slices_and_one_matmul(stride):
     assert "concatenate" not in primitives and "pad" not in primitives
     assert primitives.count("dot_general") == 1
     assert set(primitives) <= {"slice", "reshape", "dot_general"}
+
+
+def test_accelerators_take_the_native_convolution(monkeypatch):
+    """On GPU/TPU ``conv`` is ``lax.conv_general_dilated`` (checked here by pretending the
+    backend is a GPU): same result as the patch matmul up to float32 rounding."""
+    from cbcert.models import layers
+
+    x = jax.random.normal(jax.random.key(0), (2, 9, 9, 4))
+    kernel = jax.random.normal(jax.random.key(1), (3, 3, 4, 5))
+    patches = layers.conv(x, kernel, 2, 1)
+    calls = []
+    native = jax.lax.conv_general_dilated
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax.lax, "conv_general_dilated",
+                        lambda *a, **k: calls.append(1) or native(*a, **k))
+    gpu = layers.conv(x, kernel, 2, 1)
+    assert calls and gpu.shape == patches.shape == (2, 5, 5, 5)
+    np.testing.assert_allclose(gpu, patches, rtol=1e-5, atol=1e-5)

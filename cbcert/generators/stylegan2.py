@@ -16,7 +16,8 @@ Maths, per part:
 * modulated convolution (paper eq. 1-3): styles ``s = A(w)`` (affine, bias initialised to 1),
   ``w'_ijk = s_i w_ijk``, demodulated by ``1 / sqrt(Σ_ik w'_ijk² + 1e-8)``; computed as
   ``conv(x ⊙ s, w) ⊙ d`` (the same linear map as the per-sample grouped convolution), the
-  shared-weight ``conv`` as a patch matmul (``cbcert.models.layers.conv_patches``).
+  shared-weight ``conv`` as a patch matmul on CPU, the native convolution on accelerators
+  (``cbcert.models.layers.conv``).
 * up-sampling (2×): zero insertion, the stored FIR filter ``f`` (gain 4), then the 3×3 kernel used
   as a true convolution (spatially flipped), as NVlabs' transposed-convolution fast path does.
   The FIR filter is applied per channel as ``fh·fw`` shifted multiply-adds, not as a depthwise
@@ -53,7 +54,7 @@ from flax import nnx
 
 from cbcert.generators.base import Generator
 from cbcert.generators.cbae import CBAE
-from cbcert.models.layers import conv_patches
+from cbcert.models.layers import conv
 
 NoiseMode = Literal["const", "random", "none"]
 ARCHITECTURES = ("orig", "skip", "resnet")
@@ -232,7 +233,7 @@ def modulated_conv2d(x: jax.Array, kernel: jax.Array, styles: jax.Array, demodul
     k = kernel.shape[0]
     y = x * styles[:, None, None, :]
     if up == 1:
-        y = conv_patches(y, kernel, 1, k // 2)
+        y = conv(y, kernel, 1, k // 2)
     elif up == 2:
         if f is None:
             raise ValueError("f=None; the 2x up-sampling convolution needs its FIR filter")
@@ -241,7 +242,7 @@ def modulated_conv2d(x: jax.Array, kernel: jax.Array, styles: jax.Array, demodul
         padding = (pad + (fw + 1) // 2, pad + (fw - 2) // 2,
                    pad + (fh + 1) // 2, pad + (fh - 2) // 2)
         y = upfirdn2d(y, f, up=2, padding=padding, gain=4.0)
-        y = conv_patches(y, kernel[::-1, ::-1], 1, 0)
+        y = conv(y, kernel[::-1, ::-1], 1, 0)
     else:
         raise ValueError(f"up={up}; allowed: 1, 2")
     if demodulate:

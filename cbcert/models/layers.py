@@ -63,15 +63,28 @@ class PatchConv(nnx.Module):
         self.stride, self.padding = stride, padding
 
     def __call__(self, x):  # [B, H, W, cin] -> [B, H', W', cout]
-        y = conv_patches(x, self.kernel[...], self.stride, self.padding)
+        y = conv(x, self.kernel[...], self.stride, self.padding)
         return y if self.bias is None else y + self.bias[...]
+
+
+def conv(x: jax.Array, kernel: jax.Array, stride: int, pad: int) -> jax.Array:
+    """The backend's fast convolution: ``conv_patches`` on CPU, where XLA's native convolution
+    is slow on small maps, ``lax.conv_general_dilated`` (cuDNN & co.) on GPU/TPU, where it is
+    the tuned path and patch matrices would cost ``kh·kw`` times the activation memory.
+
+    ``x[B, H, W, I] * kernel[kh, kw, I, O] -> [B, H', W', O]``; the two agree up to rounding.
+    """
+    if jax.default_backend() == "cpu":
+        return conv_patches(x, kernel, stride, pad)
+    return jax.lax.conv_general_dilated(x, kernel, (stride, stride), [(pad, pad), (pad, pad)],
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
 def conv2d(cin: int, cout: int, size: int, *, stride: int = 1, padding: int = 0,
            use_bias: bool = True, rngs: nnx.Rngs) -> PatchConv:
     """Drop-in for ``nnx.Conv(cin, cout, (size, size), strides=(stride, stride),
     padding=((padding, padding),) * 2, use_bias=use_bias, rngs=rngs)`` in the ported models:
-    same parameter paths, shapes, initialisation and random draws; computed by
-    ``conv_patches``."""
+    same parameter paths, shapes, initialisation and random draws; computed by ``conv``
+    (patch matmul on CPU, the native convolution on accelerators)."""
     return PatchConv(cin, cout, size, stride=stride, padding=padding, use_bias=use_bias,
                      draw_bias_key=True, rngs=rngs)

@@ -98,7 +98,7 @@ def conv(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs,
 
     PyTorch pads symmetrically by ``kernel // 2`` (flax's ``"SAME"`` would pad asymmetrically
     for even inputs with stride 2). ``nnx.Conv``'s parameter layout, computed as a patch matmul
-    (``cbcert.models.layers.conv_patches``).
+    on CPU (``cbcert.models.layers.conv``).
     """
     return conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, use_bias=bias,
                   rngs=rngs)
