@@ -468,7 +468,7 @@ def run(generator: Generator, labeler: Labeler, concept_names: tuple[str, ...], 
       concept_names: the K concepts, in the labeler's output order.
       out: new/empty directory, or one holding an unfinished run with the same settings.
       identity: provenance that must match on resume (generator, labeler files …); stored.
-      save_every: steps between progress checkpoints.
+      save_every: steps between progress checkpoints (an interrupt, Ctrl-C, also saves).
       eval_samples: held-out latents for the final ``evaluate``.
       on_step: ``(step, losses)`` after every step (progress bars).
     """
@@ -499,7 +499,10 @@ def run(generator: Generator, labeler: Labeler, concept_names: tuple[str, ...], 
     start, first = time.time(), state.step
     every = max(1, config.steps // 10)
 
+    saved = {"step": state.step, "latest": state}
+
     def after(state: TrainState, logs: dict) -> None:
+        saved["latest"] = state
         if on_step is not None:
             on_step(state.step, logs)
         if state.step % every == 0 or state.step == config.steps:
@@ -508,8 +511,18 @@ def run(generator: Generator, labeler: Labeler, concept_names: tuple[str, ...], 
                 f"{name} {float(v):.4f}" for name, v in logs.items()) + f" ({rate:.2f} steps/s)")
         if state.step % save_every == 0 and state.step < config.steps:
             save_progress(out, state, identity)
+            saved["step"] = state.step
 
-    state = train_steps(generator, labeler, model, config, state, config.steps, on_step=after)
+    try:
+        state = train_steps(generator, labeler, model, config, state, config.steps,
+                            on_step=after)
+    except KeyboardInterrupt:  # Ctrl-C: keep every finished step, then stop
+        latest = saved["latest"]
+        if latest.step > saved["step"]:
+            save_progress(out, latest, identity)
+        log(f"interrupted at step {latest.step}/{config.steps}; progress saved in "
+            f"{out / PROGRESS}: rerun the same command to resume")
+        raise
     if state.step > first:
         save_progress(out, state, identity)  # kept until the CB-AE itself is written
     cbae = trained_module(model, state)

@@ -152,29 +152,39 @@ def test_step_matches_a_direct_computation_of_the_upstream_losses(generator, lab
 
 
 def test_resumed_training_is_bit_identical(generator, labeler, tmp_path):
+    """A crash (here a RuntimeError at step 4, like kill -9: nothing saved since step 2) and a
+    Ctrl-C (KeyboardInterrupt at step 5: saved on the way out) both resume to the same CB-AE
+    as an uninterrupted run."""
     config = tc.CBAETrainConfig(steps=6, batch_size=8, num_unsup=2, seed=3)
     identity = {"generator": "tiny"}
     straight = tc.run(generator, labeler, NAMES, config, tmp_path / "a", identity=identity,
                       eval_samples=64, log=lambda s: None)
-    first = tc.CBAETrainConfig(**{**config.__dict__, "steps": 4})
+
+    def stop_at(when, error):
+        def on_step(step, logs):
+            if step == when:
+                raise error
+        return on_step
+
+    out, lines = tmp_path / "b", []
+    with pytest.raises(RuntimeError):
+        tc.run(generator, labeler, NAMES, config, out, identity=identity, save_every=2,
+               eval_samples=64, log=lines.append, on_step=stop_at(4, RuntimeError("killed")))
+    assert tc.out_status(out) == "partial"
     with pytest.raises(KeyboardInterrupt):
-        def interrupt(step, logs):
-            if step == 4:
-                raise KeyboardInterrupt
-        tc.run(generator, labeler, NAMES, first, tmp_path / "b", identity=identity,
-               save_every=2, eval_samples=64, log=lambda s: None, on_step=interrupt)
-    assert tc.out_status(tmp_path / "b") == "partial"
-    lines = []
-    resumed = tc.run(generator, labeler, NAMES, config, tmp_path / "b", identity=identity,
-                     save_every=2, eval_samples=64, log=lines.append)
+        tc.run(generator, labeler, NAMES, config, out, identity=identity, save_every=2,
+               eval_samples=64, log=lines.append, on_step=stop_at(5, KeyboardInterrupt()))
     assert any("resuming at step 2/6" in line for line in lines)
+    assert any("interrupted at step 5/6; progress saved" in line for line in lines)
+    resumed = tc.run(generator, labeler, NAMES, config, out, identity=identity, save_every=2,
+                     eval_samples=64, log=lines.append)
+    assert any("resuming at step 5/6" in line for line in lines)
     assert straight["params_sha256"] == resumed["params_sha256"]
     assert straight["metrics"] == resumed["metrics"]
-    cbae, manifest = tc.read_cbae(tmp_path / "b")
+    cbae, manifest = tc.read_cbae(out)
     assert cbae.config.concept_names == NAMES and manifest["steps"] == 6
     with pytest.raises(ValueError, match="already holds a trained CB-AE"):
-        tc.run(generator, labeler, NAMES, config, tmp_path / "b", identity=identity,
-               log=lambda s: None)
+        tc.run(generator, labeler, NAMES, config, out, identity=identity, log=lambda s: None)
 
 
 def test_resume_refuses_other_settings(generator, labeler, tmp_path):
