@@ -412,13 +412,16 @@ def test_upsample2d_matches_transposed_conv():
     np.testing.assert_allclose(ours, expected, atol=tolerance(expected), rtol=0)
 
 
-@pytest.mark.parametrize("up,demodulate,k", [(1, True, 3), (2, True, 3), (1, False, 1)])
-def test_modulated_conv2d_matches_grouped_conv(up, demodulate, k):
+@pytest.mark.parametrize("up,demodulate,k,taps", [(1, True, 3, 4), (2, True, 3, 4),
+                                                   (2, False, 3, 4), (1, False, 1, 4)])
+def test_modulated_conv2d_matches_grouped_conv(up, demodulate, k, taps):
+    """Up-sampling 3×3 convs take the polyphase path (``transposed_conv3_up2``); the grouped
+    per-sample reference (4-tap filters, as every StyleGAN2 uses)."""
     g = torch.Generator().manual_seed(2)
     x = torch.randn(3, 4, 6, 6, generator=g)
     weight = torch.randn(5, 4, k, k, generator=g)
     styles = torch.randn(3, 4, generator=g) + 1
-    f = random_filter(g)
+    f = random_filter(g, taps)
     expected = modconv_reference(x, weight, styles, demodulate, up, f).numpy()
     ours = sg.modulated_conv2d(jnp.asarray(x.numpy().transpose(0, 2, 3, 1)),
                                jnp.asarray(weight.numpy().transpose(2, 3, 1, 0)),
@@ -427,6 +430,24 @@ def test_modulated_conv2d_matches_grouped_conv(up, demodulate, k):
     expected = expected.transpose(0, 2, 3, 1)
     assert ours.shape == expected.shape == (3, 6 * up, 6 * up, 5)
     np.testing.assert_allclose(np.asarray(ours), expected, atol=tolerance(expected), rtol=0)
+
+
+@pytest.mark.parametrize("taps", [2, 4, 6])
+def test_polyphase_up_conv_equals_zero_insertion_fir_then_conv(taps):
+    """The two orders of the 2× up-sampling conv (transposed conv by phase then FIR, vs zero
+    insertion, FIR, dense 3×3 conv at twice the resolution) are one linear map, any filter."""
+    x = jax.random.normal(jax.random.key(0), (2, 5, 7, 3))
+    kernel = jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+    f = jax.random.uniform(jax.random.key(2), (taps, taps)) + 0.1
+    f = f / f.sum()
+    fh, fw = f.shape
+    padding = (1 + (fw + 1) // 2, 1 + (fw - 2) // 2, 1 + (fh + 1) // 2, 1 + (fh - 2) // 2)
+    dense = jax.lax.conv_general_dilated(
+        sg.upfirdn2d(x, f, up=2, padding=padding, gain=4.0), kernel[::-1, ::-1], (1, 1),
+        "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    ours = sg.modulated_conv2d(x, kernel, jnp.ones((2, 3)), False, 2, f)
+    assert ours.shape == dense.shape == (2, 10, 14, 4)
+    np.testing.assert_allclose(ours, dense, atol=2e-5 * (1 + float(jnp.abs(dense).max())))
 
 
 # ------------------------------------------------------------------ whole generator
