@@ -54,7 +54,7 @@ import optax
 from flax import nnx
 
 from cbcert.generators.base import Generator
-from cbcert.generators.cbae import CBAE, CBAEConfig
+from cbcert.generators.cbae import CBAE, CBAEConfig, swap_intervention
 
 Labeler = Callable[[jax.Array], jax.Array]  # x[B, H, W, 3] in [0, 1] -> s[B, K] concept logits
 KIND = "cbae"
@@ -139,21 +139,6 @@ def masked_concept_loss(logits: jax.Array, labels: jax.Array, keep: jax.Array) -
     return jnp.where(jnp.all(kept > 0), per_concept.sum(), 0.0)
 
 
-def intervene_pairs(c: jax.Array, concept: jax.Array, value: jax.Array, num_concepts: int
-                    ) -> jax.Array:
-    """Swap intervention with a traced concept index and value (see ``cbae.swap_intervention``).
-
-    ``c[B, 2K + U]``; pair ``concept`` becomes ``[max, min]`` if ``value`` (present) else
-    ``[min, max]``; every other entry is unchanged.
-    """
-    pairs = c[:, : 2 * num_concepts].reshape(c.shape[0], num_concepts, 2)
-    high, low = pairs.max(axis=-1), pairs.min(axis=-1)
-    wanted = jnp.where(value, jnp.stack([high, low], -1), jnp.stack([low, high], -1))
-    chosen = (jnp.arange(num_concepts) == concept)[None, :, None]
-    pairs = jnp.where(chosen, wanted, pairs)
-    return jnp.concatenate([pairs.reshape(c.shape[0], -1), c[:, 2 * num_concepts:]], axis=1)
-
-
 @dataclass
 class TrainState:
     """Everything a step reads and writes (a pytree of arrays; ``step`` is a Python int)."""
@@ -214,7 +199,7 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
 
     def loss_b(params, stats, w, labels, concept, value):
         c, stats = run(params, stats, lambda m: m.encode(w))
-        c = intervene_pairs(jax.lax.stop_gradient(c), concept, value, k)
+        c = swap_intervention(jax.lax.stop_gradient(c), concept, value)
         target = jnp.where((jnp.arange(k) == concept)[None, :], value.astype(jnp.int32), labels)
 
         def decode_encode(m):
@@ -315,8 +300,7 @@ def evaluate(generator: Generator, labeler: Labeler, cbae: CBAE, key: jax.Array,
         success = []
         for i in range(k):
             for value in (False, True):
-                s = labeler(generator.g2(gp, cbae.decode(intervene_pairs(
-                    c, jnp.asarray(i), jnp.asarray(value), k))))
+                s = labeler(generator.g2(gp, cbae.decode(swap_intervention(c, i, value))))
                 success.append((s[:, i] > 0) == value)
         return (correct, confidence >= 0.9, jnp.sum((w_rec - w) ** 2, 1), w,
                 jnp.mean((generator.g2(gp, w_rec) - x) ** 2, (1, 2, 3)),
@@ -424,17 +408,13 @@ def read_cbae(directory: str | Path) -> tuple[CBAE, dict]:
     Raises:
       ValueError: not such a directory, or altered parameters (sha256 mismatch).
     """
-    from cbcert.convert import common
+    from cbcert.convert import load_converted_module
 
-    def build(manifest):
-        if manifest.get("kind") != KIND:
-            raise ValueError(f"dir={str(directory)!r}: kind={manifest.get('kind')!r}; not a CB-AE "
-                             "written by `certify train cbae`")
-        config = dict(manifest["config"])
-        config["concept_names"] = tuple(config["concept_names"])
-        return common.abstract(lambda rngs: CBAE(CBAEConfig(**config), rngs=rngs))
-
-    return common.read_converted(directory, build)
+    module, manifest = load_converted_module(directory)
+    if manifest["kind"] != KIND:
+        raise ValueError(f"dir={str(directory)!r}: kind={manifest['kind']!r}; not a CB-AE "
+                         "written by `certify train cbae`")
+    return module, manifest
 
 
 def out_status(out: Path) -> str:
@@ -443,12 +423,14 @@ def out_status(out: Path) -> str:
     Raises:
       ValueError: a non-empty directory that is neither (refuse to overwrite user files).
     """
+    from cbcert.convert import common
+
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return "new"
     if not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a directory")
     names = {p.name for p in out.iterdir()}
-    if "manifest.json" in names:
+    if common.MANIFEST_NAME in names:
         return "done"
     if names <= {PROGRESS, f"{PROGRESS}.tmp"}:
         return "partial"

@@ -63,11 +63,16 @@ def test_pair_layouts_and_intervention_match_the_cbae_port():
     pairs = tc.concept_pairs(c, 3)
     np.testing.assert_array_equal(pairs[:, 1, 1], c[:, 2])  # present = c+
     np.testing.assert_array_equal(pairs[:, 1, 0], c[:, 3])  # absent = c−
+    traced = jax.jit(swap_intervention)  # training draws concept and value inside jit
     for concept in range(3):
         for value in (False, True):
-            np.testing.assert_array_equal(
-                tc.intervene_pairs(c, jnp.asarray(concept), jnp.asarray(value), 3),
-                swap_intervention(c, concept, value))
+            expected = np.asarray(c).copy()
+            pair = expected[:, 2 * concept: 2 * concept + 2]
+            high, low = pair.max(1), pair.min(1)
+            pair[:, 0], pair[:, 1] = (high, low) if value else (low, high)
+            np.testing.assert_array_equal(swap_intervention(c, concept, value), expected)
+            np.testing.assert_array_equal(traced(c, jnp.asarray(concept), jnp.asarray(value)),
+                                          expected)
     s = jnp.array([[-1.0, 2.0]])
     np.testing.assert_allclose(jax.nn.softmax(tc.labeler_pairs(s))[..., 1], jax.nn.sigmoid(s))
     labels, confidence = tc.pseudo_labels(s)

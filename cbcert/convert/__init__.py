@@ -23,6 +23,7 @@ from flax import nnx
 from cbcert.convert import common
 from cbcert.convert.common import pure_apply
 from cbcert.convert.torchvision import DENSENET_NAMES, RESNET_NAMES
+from cbcert.generators.cbae import CBAE, CBAEConfig
 from cbcert.models.densenet import DenseNet, DenseNetConfig
 from cbcert.models.pcbm import PCBM, PCBMConfig
 from cbcert.models.pixpnet import PixPNet, PixPNetConfig
@@ -35,6 +36,7 @@ _ARCHITECTURES: dict[str, tuple[type, type[nnx.Module]]] = {
     **{name: (DenseNetConfig, DenseNet) for name in DENSENET_NAMES},
     "pcbm": (PCBMConfig, PCBM),
     "pixpnet": (PixPNetConfig, PixPNet),
+    "cbae": (CBAEConfig, CBAE),  # written by `certify train cbae` (cbcert.train_cbae), not here
 }
 
 

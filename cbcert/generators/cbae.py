@@ -178,16 +178,18 @@ class CBAE(nnx.Module):
         return blend(w, self.decode(c), alpha)
 
 
-def swap_intervention(c: jax.Array, concept: int, value: bool) -> jax.Array:
+def swap_intervention(c: jax.Array, concept: int | jax.Array, value: bool | jax.Array
+                      ) -> jax.Array:
     """Set concept ``i`` to ``value`` by swapping logits: ``c[B, 2K + U] -> c'[B, 2K + U]``.
 
     Upstream moves the bin's largest logit to the wanted bin and the wanted bin's old logit to
     where the maximum was. For a pair this is ``c'_want = max(c+, c−)``, ``c'_other = min(c+, c−)``:
     a swap if the concept has the other state, a no-op if it already has the wanted one.
+    ``concept`` and ``value`` may be traced (training draws them inside ``jit``).
     """
     pos, neg = c[..., 2 * concept], c[..., 2 * concept + 1]
     high, low = jnp.maximum(pos, neg), jnp.minimum(pos, neg)
-    new_pos, new_neg = (high, low) if value else (low, high)
+    new_pos, new_neg = jnp.where(value, high, low), jnp.where(value, low, high)
     return c.at[..., 2 * concept].set(new_pos).at[..., 2 * concept + 1].set(new_neg)
 
 
