@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from cbcert.runs.directory import shorten
+
 MANIFEST = "manifest.json"
 FORMAT = 1
 
@@ -67,9 +69,11 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{directory}: no {MANIFEST}; not a cbcert checkpoint")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path}: manifest is not valid JSON ({err})") from err
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: manifest is not valid JSON ({err})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{path}: damaged manifest, expected an object with 'files'")
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT}")
     actual = _hash_tree(directory / "params")
@@ -101,5 +105,6 @@ def load(directory: str | Path, target: Any) -> tuple[Any, dict[str, Any]]:
         with ocp.StandardCheckpointer() as ckptr:
             params = ckptr.restore(directory / "params", abstract)
     except Exception as err:  # orbax raises many types for structure mismatches
-        raise CheckpointError(f"{directory}: cannot restore parameters ({err})") from err
+        raise CheckpointError(f"{directory}: cannot restore parameters "
+                              f"({type(err).__name__}: {shorten(str(err))})") from None
     return params, manifest

@@ -6,6 +6,7 @@ Bad input exits with code 2 and a message naming the flag, the value and the all
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cbcert.config import ConfigError, validate, validate_sample_sizes
+from cbcert.runs.directory import RunDirError, check_writable, value_name
 
 # Off a terminal rich would wrap tables at 80 columns; logs and pipes get wide tables.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -32,9 +34,11 @@ def _models(value: str) -> tuple[str, ...]:
 
 
 def _load_world(preset: str):
-    """A world directory (``world.json``) if ``preset`` is an existing directory, else a preset."""
+    """A world directory (``world.json``) if ``preset`` is an existing directory, else a preset.
+
+    Missing, damaged or mismatched weights and manifests are bad input: exit 2 naming --world.
+    """
     from cbcert.builtin import load_builtin
-    from cbcert.checkpoint import CheckpointError
 
     try:
         if Path(preset).is_dir():
@@ -42,10 +46,17 @@ def _load_world(preset: str):
 
             return load_world_dir(preset)
         return load_builtin(preset)
-    except CheckpointError as err:
-        raise click.ClickException(str(err)) from None
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--world") from None
+
+
+def _writable_out(out: Path) -> Path:
+    """``--out`` checked before any work: not under a file, writable."""
+    try:
+        check_writable(out)
+    except RunDirError as err:
+        raise click.BadParameter(str(err), param_hint="--out") from None
+    return out
 
 
 @contextlib.contextmanager
@@ -124,13 +135,13 @@ def _certify_options(fn):
 
 
 def _validate_common(n, n0, alpha, inputs, batch, seed, chunk_size, max_memory, mode) -> None:
-    _check("count", n, "--n")
+    _check("samples", n, "--n")
     _check("alpha", alpha, "--alpha")
     _check("count", inputs, "--inputs")
     _check("count", batch, "--batch")
     _check("seed", seed, "--seed")
     if mode == "certify":
-        _check("count", n0, "--n0")
+        _check("samples", n0, "--n0")
         try:
             validate_sample_sizes(n0, n, n0_label="--n0", n_label="--n")
         except ConfigError as err:
@@ -142,23 +153,31 @@ def _validate_common(n, n0, alpha, inputs, batch, seed, chunk_size, max_memory, 
 
 
 def _run_certification(noise: str, scale: float, mode: str, opts: dict, default_out: str):
-    from cbcert.certify.runner import CertifyJob, PoolTooSmallError, RunMismatchError, run
+    from cbcert.certify.runner import CertifyJob, PoolTooSmallError, run
 
     _validate_common(opts["n"], opts["n0"], opts["alpha"], opts["inputs"], opts["batch"],
                      opts["seed"], opts["chunk_size"], opts["max_memory"], mode)
-    models = _models(opts["models"])
+    if mode == "predict" and opts["two_class"]:
+        raise click.BadParameter("PREDICT has no two-class form (its binomial test already "
+                                 "compares the top two counts); use it with latent/concept",
+                                 param_hint="--two-class")
+    models = _distinct_models(opts["models"])
+    out = _writable_out(opts["out"] or Path("results") / f"{default_out}-seed{opts['seed']}")
     world = _load_agreement_world(opts["world_name"], models)
     _require_concepts(world, noise != "gaussian")
+    k = world.generator.num_concepts
+    if noise == "fixed" and scale > k:
+        raise click.BadParameter(f"got {scale}, allowed range [1, K={k}] (concepts of "
+                                 f"{world.name})", param_hint="--flips")
     job = CertifyJob(noise=noise, scale=scale, mode=mode, n0=opts["n0"], n=opts["n"],
                      alpha=opts["alpha"], two_class=opts["two_class"], models=models,
                      seed=opts["seed"], num_inputs=opts["inputs"], batch=opts["batch"],
                      dtype=opts["dtype"])
-    out = opts["out"] or Path("results") / f"{default_out}-seed{opts['seed']}"
     try:
         with _progress(f"{mode} {default_out}", opts["quiet"]) as progress:
             summary = run(world, job, out, progress=progress, chunk_size=opts["chunk_size"],
                           max_memory=opts["max_memory"])
-    except RunMismatchError as err:
+    except RunDirError as err:
         raise click.BadParameter(str(err), param_hint="--out") from None
     except PoolTooSmallError as err:
         raise click.BadParameter(str(err), param_hint="--inputs") from None
@@ -175,14 +194,23 @@ def _load_agreement_world(world_name: str, models: tuple[str, ...]):
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--models") from None
     if "std" not in world.model_names or "cbm" not in world.model_names:
-        raise click.ClickException("the agreement set needs a world with 'std' and 'cbm' models")
+        raise click.BadParameter("the agreement set needs a world with 'std' and 'cbm' models",
+                                 param_hint="--world")
     return world
+
+
+def _distinct_models(value: str) -> tuple[str, ...]:
+    """``--models`` as a tuple; each model once (a repeated model would be counted twice)."""
+    names = _models(value)
+    if len(set(names)) != len(names):
+        raise click.BadParameter(f"got {value!r}; name each model once", param_hint="--models")
+    return names
 
 
 def _require_concepts(world, needed: bool) -> None:
     if needed and world.generator.num_concepts == 0:
-        raise click.ClickException(f"{world.name} has no concept bottleneck (no CB-AE): "
-                                   "concept-space commands are unavailable")
+        raise click.BadParameter(f"{world.name} has no concept bottleneck (no CB-AE): "
+                                 "concept-space commands are unavailable", param_hint="--world")
 
 
 def _print_summary(summary: dict, job, world, out: Path) -> None:
@@ -225,7 +253,7 @@ def latent(sigma: float, **opts) -> None:
     Example: certify latent --sigma 0.1
     """
     _check("sigma", sigma, "--sigma")
-    _run_certification("gaussian", sigma, "certify", opts, f"latent-sigma{sigma:g}")
+    _run_certification("gaussian", sigma, "certify", opts, f"latent-sigma{value_name(sigma)}")
 
 
 @main.command()
@@ -249,7 +277,7 @@ def _concept_noise(rho, flips, world_name):
                                "(fixed-count flips)")
     if rho is not None:
         _check("rho", rho, "--rho")
-        return "bernoulli", rho, f"concept-rho{rho:g}"
+        return "bernoulli", rho, f"concept-rho{value_name(rho)}"
     _check("count", flips, "--flips")
     return "fixed", flips, f"concept-flips{flips}"
 
@@ -267,7 +295,7 @@ def predict(space: str, sigma, rho, flips, **opts) -> None:
         if sigma is None:
             raise click.UsageError("--space latent needs --sigma")
         _check("sigma", sigma, "--sigma")
-        noise, scale, name = "gaussian", sigma, f"predict-latent-sigma{sigma:g}"
+        noise, scale, name = "gaussian", sigma, f"predict-latent-sigma{value_name(sigma)}"
     else:
         noise, scale, name = _concept_noise(rho, flips, opts["world_name"])
         name = "predict-" + name
@@ -298,6 +326,10 @@ def world_show(n: int, flip: int | None, out: Path, world_name: str, seed: int) 
 
     _check("count", n, "--n")
     _check("seed", seed, "--seed")
+    folder = out.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        problem = "does not exist" if not folder.exists() else "is not a writable directory"
+        raise click.BadParameter(f"{out}: the folder {folder} {problem}", param_hint="--out")
     try:
         w = make_world(WorldConfig.from_preset(world_name))
     except ValueError as err:
@@ -465,6 +497,8 @@ def _budget_list(value: str, flag: str, parse, rule: str) -> tuple:
                                  param_hint=flag) from None
     for budget in budgets:
         _check(rule, budget, flag)
+    if len(set(budgets)) != len(budgets):
+        raise click.BadParameter(f"got {value!r}; each budget once", param_hint=flag)
     return budgets
 
 
@@ -504,15 +538,15 @@ def perturb(eps_list: str, tau_list: str, models: str, samples: int, ball: bool,
 
     Example: certify perturb --eps 0.3 --tau 5
     """
-    from cbcert.certify.runner import PoolTooSmallError, RunMismatchError
+    from cbcert.certify.runner import PoolTooSmallError
     from cbcert.robustness.runner import PerturbJob, check_budgets, run
 
     eps = _budget_list(eps_list, "--eps", float, "eps")
     tau = _budget_list(tau_list, "--tau", int, "count")
     if not eps and not tau:
         raise click.UsageError("give at least one budget with --eps or --tau")
-    for value, flag in ((samples, "--samples"), (subset_size, "--subset-size"),
-                        (batch, "--batch")):
+    _check("samples", samples, "--samples")
+    for value, flag in ((subset_size, "--subset-size"), (batch, "--batch")):
         _check("count", value, flag)
     _check("subsets", subsets, "--subsets")
     _check("seed", seed, "--seed")
@@ -523,6 +557,7 @@ def perturb(eps_list: str, tau_list: str, models: str, samples: int, ball: bool,
     if len(set(names)) < 2 or len(set(names)) != len(names):
         raise click.BadParameter(f"got {models!r}; give at least two distinct models",
                                  param_hint="--models")
+    out = _writable_out(out or Path("results") / f"perturb-seed{seed}")
     world_obj = _load_agreement_world(world_name, names)
     job = PerturbJob(eps=eps, tau=tau, models=names, seed=seed, samples=samples, ball=ball,
                      num_subsets=subsets, subset_size=subset_size, num_inputs=pool or 0,
@@ -533,11 +568,10 @@ def perturb(eps_list: str, tau_list: str, models: str, samples: int, ball: bool,
     except ValueError:
         raise click.BadParameter(f"got {max(tau)}, allowed range [1, K={k}] (concepts of "
                                  f"{world_obj.name})", param_hint="--tau") from None
-    out = out or Path("results") / f"perturb-seed{seed}"
     try:
         with _progress("perturb", quiet) as progress:
             result = run(world_obj, job, out, progress=progress)
-    except RunMismatchError as err:
+    except RunDirError as err:
         raise click.BadParameter(str(err), param_hint="--out") from None
     except PoolTooSmallError as err:
         raise click.BadParameter(str(err), param_hint="--pool") from None
@@ -624,19 +658,22 @@ def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss
     Example: certify attack --space latent --eps 0.03
     """
     from cbcert.attacks.runner import AttackJob, run
-    from cbcert.certify.runner import PoolTooSmallError, RunMismatchError
+    from cbcert.certify.runner import PoolTooSmallError
 
     eps = _budget_list(eps_list, "--eps", float, "eps")
-    if not eps or len(set(eps)) != len(eps):
+    if not eps:
         raise click.BadParameter(f"got {eps_list!r}; give one or more distinct budgets",
                                  param_hint="--eps")
-    for value, flag in ((iters, "--iters"), (restarts, "--restarts"), (eot, "--eot"),
-                        (n, "--n"), (inputs, "--inputs"), (batch, "--batch")):
+    for value, flag in ((iters, "--iters"), (restarts, "--restarts"), (inputs, "--inputs"),
+                        (batch, "--batch")):
         _check("count", value, flag)
+    _check("samples", eot, "--eot")
+    _check("samples", n, "--n")
     _check("alpha", alpha, "--alpha")
     _check("seed", seed, "--seed")
     scale, name = _attack_smoothing(space, smoothed, sigma, rho)
-    names = _models(models)
+    names = _distinct_models(models)
+    out = _writable_out(out or Path("results") / f"attack-{space}{name}-seed{seed}")
     world_obj = _load_agreement_world(world_name, names)
     _require_concepts(world_obj, space == "concept")
     if loss == "dlr" and world_obj.num_classes < 3:
@@ -645,11 +682,10 @@ def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss
     job = AttackJob(space=space, eps=eps, norm=norm, iters=iters, restarts=restarts, loss=loss,
                     smoothed=smoothed, scale=scale, eot=eot, n=n, alpha=alpha, models=names,
                     seed=seed, num_inputs=inputs, batch=batch)
-    out = out or Path("results") / f"attack-{space}{name}-seed{seed}"
     try:
         with _progress(f"attack {space}", quiet) as progress:
             summary = run(world_obj, job, out, progress=progress)
-    except RunMismatchError as err:
+    except RunDirError as err:
         raise click.BadParameter(str(err), param_hint="--out") from None
     except PoolTooSmallError as err:
         raise click.BadParameter(str(err), param_hint="--inputs") from None
@@ -670,7 +706,7 @@ def _attack_smoothing(space: str, smoothed: bool, sigma, rho) -> tuple[float | N
     if value is None:
         raise click.UsageError(f"--smoothed --space {space} needs {flag}")
     _check(flag.lstrip("-"), value, flag)
-    return value, f"-smoothed-{flag.lstrip('-')}{value:g}"
+    return value, f"-smoothed-{flag.lstrip('-')}{value_name(value)}"
 
 
 def _print_attack(summary: dict, job, world_obj, out: Path) -> None:
@@ -726,8 +762,8 @@ def convert_cmd(kind, checkpoint, out_dir, backbone, backbone_path, concept_bank
     except ImportError as err:
         raise click.ClickException(f"{err}; install the torch extra: pip install "
                                    "'cbcert[torch]'") from None
-    except ValueError as err:
-        raise click.ClickException(str(err)) from None
+    except ValueError as err:  # a bad checkpoint, bank or config is bad input: exit 2
+        raise click.UsageError(str(err)) from None
     console.print(f"wrote {out_dir} ({manifest.get('kind', kind)})")
 
 
@@ -754,12 +790,9 @@ def _sweep_progress(quiet: bool):
 
 def _sweep_world(preset: str):
     from cbcert.builtin import load_builtin
-    from cbcert.checkpoint import CheckpointError
 
     try:
         return load_builtin(preset)
-    except CheckpointError as err:
-        raise click.ClickException(str(err)) from None
     except ValueError as err:
         raise click.BadParameter(f"section 'world', key 'preset': {err}",
                                  param_hint="CONFIG") from None
@@ -784,7 +817,7 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, quiet
     (add --world <dir> to run the same cells on a world from real parts).
     """
     from cbcert import sweep
-    from cbcert.certify.runner import PoolTooSmallError, RunMismatchError
+    from cbcert.certify.runner import PoolTooSmallError
     from cbcert.config import load_config
 
     try:
@@ -792,7 +825,7 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, quiet
         sections = sweep.sections_in_file(config_path)
     except ConfigError as err:
         raise click.BadParameter(str(err), param_hint="CONFIG") from None
-    out = out or Path("results") / config_path.stem
+    out = _writable_out(out or Path("results") / config_path.stem)
 
     def done(cell, summary) -> None:
         if not quiet:
@@ -803,7 +836,7 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, quiet
             load = _sweep_world if world_name is None else (lambda _: _load_world(world_name))
             sweep.run_sweep(config, out, sections=sections, load_world=load,
                             progress=progress, on_cell=done)
-    except RunMismatchError as err:
+    except RunDirError as err:
         raise click.BadParameter(str(err), param_hint="--out") from None
     except PoolTooSmallError as err:
         raise click.BadParameter(f"section 'world', key 'num_inputs': {err}",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -30,6 +31,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from cbcert.runs.directory import shorten
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 120, 120
+
+
+def _short(value: Any) -> str:
+    """Bounded ``repr`` for messages, in bounded time: a 280-byte YAML of nested aliases is a
+    billion-element value whose plain repr once made a 254 MB message."""
+    return shorten(_REPR.repr(value))
 
 
 class ConfigError(ValueError):
@@ -61,16 +73,22 @@ class Rule:
 def _number(value: float) -> str:
     if math.isinf(value):
         return "inf"
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
 
+
+# Noise scales are drawn in float32: outside [1e-30, 1e30] a scale either flushes to zero or
+# overflows (σ = 1e308 "certified" NaN samples), so such values are refused, not sampled.
+_FLOAT32_SCALE = Rule(1e-30, 1e30)
 
 RULES: Mapping[str, Rule] = types.MappingProxyType(
     {
-        "sigma": Rule(0.0, low_open=True, high_open=True),
+        "sigma": _FLOAT32_SCALE,
         "rho": Rule(0.0, 0.5, low_open=True, high_open=True),
         "alpha": Rule(0.0, 1.0, low_open=True, high_open=True),
-        "eps": Rule(0.0, low_open=True, high_open=True),
+        "eps": _FLOAT32_SCALE,
         "count": Rule(1, integer=True),
+        # Monte Carlo samples per input: the engine numbers samples with int32 (SPEC §7).
+        "samples": Rule(1, 2**31 - 1, integer=True),
         # The paired t-test over subsets needs at least two of them.
         "subsets": Rule(2, integer=True),
         # Valid for both numpy SeedSequence and jax.random.key.
@@ -91,9 +109,9 @@ def validate(rule: str, value: Any, *, label: str) -> None:
     is_number = isinstance(value, int | float) and not isinstance(value, bool)
     if not is_number or (allowed.integer and not isinstance(value, int)):
         expected = allowed.describe() if allowed.integer else f"a number in {allowed.describe()}"
-        raise ConfigError(f"{label}: expected {expected}, got {value!r}")
+        raise ConfigError(f"{label}: expected {expected}, got {_short(value)}")
     if not allowed.allows(value):
-        raise ConfigError(f"{label}: got {value!r}, allowed range {allowed.describe()}")
+        raise ConfigError(f"{label}: got {_short(value)}, allowed range {allowed.describe()}")
 
 
 def validate_sample_sizes(n0: int, n: int, *, n0_label: str = "n0", n_label: str = "n") -> None:
@@ -103,8 +121,8 @@ def validate_sample_sizes(n0: int, n: int, *, n0_label: str = "n0", n_label: str
     certificate stays sound for ``n0 > n``; we reject it because it is always a typo (the
     selection only picks the top class and needs far fewer samples than the bound).
     """
-    validate("count", n0, label=n0_label)
-    validate("count", n, label=n_label)
+    validate("samples", n0, label=n0_label)
+    validate("samples", n, label=n_label)
     if n0 > n:
         raise ConfigError(f"{n0_label}={n0} exceeds {n_label}={n}; allowed range 1 <= n0 <= n")
 
@@ -143,7 +161,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float and isinstance(value, str):
         hint = " (YAML reads exponents without a dot, e.g. 1e-3, as text; write 1.0e-3)"
     raise ConfigError(
-        f"key '{key}': expected {_type_name(tp)}, got {type(value).__name__} {value!r}{hint}"
+        f"key '{key}': expected {_type_name(tp)}, got {type(value).__name__} "
+        f"{_short(value)}{hint}"
     )
 
 
@@ -164,7 +183,7 @@ class _Section:
                 if f.metadata.get("nonempty") and not value:
                     raise ConfigError(f"key '{f.name}': needs at least one value, got []")
                 if len(set(value)) != len(value):
-                    raise ConfigError(f"key '{f.name}': repeated values in {list(value)}")
+                    raise ConfigError(f"key '{f.name}': repeated values in {_short(list(value))}")
             if "rule" in f.metadata:
                 for i, item in enumerate(items):
                     label = f"{f.name}[{i}]" if isinstance(value, tuple) else f.name
@@ -181,13 +200,15 @@ class _Section:
         """Build the section from a mapping; unknown keys are errors naming the allowed ones."""
         if not isinstance(data, Mapping):
             raise ConfigError(
-                f"section '{section}': expected a mapping, got {type(data).__name__} {data!r}"
+                f"section '{section}': expected a mapping, got {type(data).__name__} "
+                f"{_short(data)}"
             )
         allowed = [f.name for f in dataclasses.fields(cls)]
         for key in data:
             if key not in allowed:
                 raise ConfigError(
-                    f"unknown key '{key}' in section '{section}' (allowed: {', '.join(allowed)})"
+                    f"unknown key {_short(key)} in section '{section}' "
+                    f"(allowed: {', '.join(allowed)})"
                 )
         try:
             return cls(**data)
@@ -220,8 +241,8 @@ class LatentConfig(_Section):
     """Gaussian latent smoothing (SPEC §4): σ values, Monte Carlo sizes, confidence."""
 
     sigmas: tuple[float, ...] = field(default=(0.1,), metadata=_rule("sigma", nonempty=True))
-    n0: int = field(default=100, metadata=_rule("count"))
-    n: int = field(default=1000, metadata=_rule("count"))
+    n0: int = field(default=100, metadata=_rule("samples"))
+    n: int = field(default=1000, metadata=_rule("samples"))
     alpha: float = field(default=0.001, metadata=_rule("alpha"))
     two_class: bool = False
     models: tuple[str, ...] = field(default=_MODELS, metadata={"nonempty": True})
@@ -237,8 +258,8 @@ class ConceptConfig(_Section):
 
     rhos: tuple[float, ...] = field(default=(0.2,), metadata=_rule("rho", nonempty=True))
     flips: tuple[int, ...] = field(default=(), metadata=_rule("count"))
-    n0: int = field(default=100, metadata=_rule("count"))
-    n: int = field(default=1000, metadata=_rule("count"))
+    n0: int = field(default=100, metadata=_rule("samples"))
+    n: int = field(default=1000, metadata=_rule("samples"))
     alpha: float = field(default=0.001, metadata=_rule("alpha"))
     models: tuple[str, ...] = field(default=_MODELS, metadata={"nonempty": True})
 
@@ -255,7 +276,7 @@ class PerturbConfig(_Section):
     tau: tuple[int, ...] = field(default=(1, 2, 5, 10), metadata=_rule("count"))
     subsets: int = field(default=5, metadata=_rule("subsets"))
     subset_size: int = field(default=200, metadata=_rule("count"))
-    samples: int = field(default=1, metadata=_rule("count"))
+    samples: int = field(default=1, metadata=_rule("samples"))
     ball: bool = False
 
     def __post_init__(self) -> None:
@@ -275,7 +296,7 @@ class AttackConfig(_Section):
     restarts: int = field(default=1, metadata=_rule("count"))
     smoothed: bool = False
     # Noise samples per gradient of the smoothed classifier's expected softmax (EOT).
-    eot: int = field(default=8, metadata=_rule("count"))
+    eot: int = field(default=8, metadata=_rule("samples"))
     # Agreement inputs attacked (APGD is far costlier per input than certification).
     inputs: int = field(default=64, metadata=_rule("count"))
     # Smoothing scale of smoothed attacks: σ for space latent, ρ for space concept; PREDICT
@@ -308,14 +329,20 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ConfigError(f"key 'name': expected a non-empty string, got {self.name!r}")
+            raise ConfigError(f"key 'name': expected a non-empty string, got {_short(self.name)}")
         for section, cls in _SECTIONS.items():
             if not isinstance(getattr(self, section), cls):
                 raise ConfigError(
                     f"section '{section}': expected {cls.__name__}, "
                     f"got {type(getattr(self, section)).__name__}"
                 )
-        if self.perturb.subset_size > self.world.num_inputs:
+
+    def check_sections(self, sections: tuple[str, ...]) -> None:
+        """Checks across sections, for the sections a sweep runs only.
+
+        An attack-only file is not refused for the perturb defaults it never uses.
+        """
+        if "perturb" in sections and self.perturb.subset_size > self.world.num_inputs:
             raise ConfigError(
                 f"section 'perturb', key 'subset_size': {self.perturb.subset_size} exceeds "
                 f"world.num_inputs={self.world.num_inputs}; the agreement set cannot be larger "
@@ -326,7 +353,7 @@ class ExperimentConfig:
     def from_preset_name(cls, preset: str) -> ExperimentConfig:
         """A named preset (`PRESETS`), like gemma's ``TransformerConfig.from_version_name``."""
         if preset not in PRESETS:
-            raise ConfigError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
+            raise ConfigError(f"unknown preset {_short(preset)} (known: {', '.join(PRESETS)})")
         return PRESETS[preset]()
 
     @classmethod
@@ -339,10 +366,11 @@ class ExperimentConfig:
         allowed = ["preset", "name", *_SECTIONS]
         for key in data:
             if key not in allowed:
-                raise ConfigError(f"unknown section '{key}' (allowed: {', '.join(allowed)})")
+                raise ConfigError(f"unknown section {_short(key)} (allowed: {', '.join(allowed)})")
         preset = data.get("preset", "default")
         if not isinstance(preset, str):
-            raise ConfigError(f"key 'preset': expected str, got {type(preset).__name__} {preset!r}")
+            raise ConfigError(f"key 'preset': expected str, got {type(preset).__name__} "
+                              f"{_short(preset)}")
         base = cls.from_preset_name(preset)
         sections = {}
         for section, section_cls in _SECTIONS.items():
@@ -359,7 +387,7 @@ class ExperimentConfig:
 def _mapping(data: Any, section: str) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise ConfigError(
-            f"section '{section}': expected a mapping, got {type(data).__name__} {data!r}"
+            f"section '{section}': expected a mapping, got {type(data).__name__} {_short(data)}"
         )
     return data
 
@@ -385,11 +413,16 @@ def load_config(path: str | Path) -> ExperimentConfig:
     """Load and validate an experiment YAML file; errors are prefixed with the file path."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except OSError as error:
         raise ConfigError(f"{path}: cannot read config file ({error.strerror})") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}); save it as UTF-8") \
+            from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML ({error})") from None
+        raise ConfigError(f"{path}: not valid YAML ({shorten(str(error))})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply") from None
     try:
         return ExperimentConfig.from_dict(data)
     except ConfigError as error:

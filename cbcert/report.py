@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from cbcert.runs.directory import value_name
+
 REPORT_DIR = "report"
 RUN = "run.json"
 SUMMARY = "summary.json"
@@ -193,7 +195,7 @@ def certification_tables(cells: Sequence[CellResult]) -> list[Table]:
 
 
 def _budget_label(kind: str, value: float) -> str:
-    return f"{kind}{value:g}"
+    return f"{kind}{value_name(value)}"
 
 
 def perturb_tables(cells: Sequence[CellResult]) -> list[Table]:

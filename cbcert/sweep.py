@@ -24,7 +24,6 @@ the resolved config; a rerun with another config into the same directory is refu
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +37,14 @@ from cbcert.certify import runner as certify_runner
 from cbcert.certify.runner import RunMismatchError
 from cbcert.config import ConfigError, ExperimentConfig
 from cbcert.robustness import runner as perturb_runner
+from cbcert.runs.directory import (
+    RecordsError,
+    check_writable,
+    hold,
+    read_json,
+    value_name,
+    write_json,
+)
 
 SECTIONS = ("latent", "concept", "perturb", "attack")
 MANIFEST = "manifest.json"
@@ -66,7 +73,7 @@ def sections_in_file(path: str | Path) -> tuple[str, ...]:
     A file with only a ``latent:`` section sweeps σ only, although the loaded config (filled
     from its preset) has every section.
     """
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = yaml.safe_load(Path(path).read_bytes().decode("utf-8")) or {}
     named = tuple(s for s in SECTIONS if isinstance(data, dict) and s in data)
     return named or SECTIONS
 
@@ -80,6 +87,7 @@ def plan_cells(config: ExperimentConfig, sections: Sequence[str] = SECTIONS) -> 
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise ConfigError(f"sections {unknown}: allowed {', '.join(SECTIONS)}")
+    config.check_sections(tuple(sections))
     w = config.world
     cells: list[Cell] = []
     if "latent" in sections:
@@ -88,14 +96,14 @@ def plan_cells(config: ExperimentConfig, sections: Sequence[str] = SECTIONS) -> 
             job = certify_runner.CertifyJob(
                 noise="gaussian", scale=sigma, n0=c.n0, n=c.n, alpha=c.alpha,
                 two_class=c.two_class, models=c.models, seed=w.seed, num_inputs=w.num_inputs)
-            cells.append(Cell(f"latent-sigma{sigma:g}", "certify", job))
+            cells.append(Cell(f"latent-sigma{value_name(sigma)}", "certify", job))
     if "concept" in sections:
         c = config.concept
         common = dict(n0=c.n0, n=c.n, alpha=c.alpha, models=c.models, seed=w.seed,
                       num_inputs=w.num_inputs)
         for rho in c.rhos:
             job = certify_runner.CertifyJob(noise="bernoulli", scale=rho, **common)
-            cells.append(Cell(f"concept-rho{rho:g}", "certify", job))
+            cells.append(Cell(f"concept-rho{value_name(rho)}", "certify", job))
         for m in c.flips:
             job = certify_runner.CertifyJob(noise="fixed", scale=m, **common)
             cells.append(Cell(f"concept-flips{m}", "certify", job))
@@ -118,7 +126,7 @@ def _attack_cell(config: ExperimentConfig) -> Cell:
     scale = None
     if a.smoothed:
         symbol, scale = ("sigma", a.sigma) if a.space == "latent" else ("rho", a.rho)
-        name += f"-smoothed-{symbol}{scale:g}"
+        name += f"-smoothed-{symbol}{value_name(scale)}"
     job = attack_runner.AttackJob(
         space=a.space, eps=a.eps, norm=a.norm, iters=a.iters, restarts=a.restarts,
         smoothed=a.smoothed, scale=scale, eot=a.eot, n=smoothing.n, alpha=smoothing.alpha,
@@ -182,14 +190,16 @@ def _write_manifest(out: Path, meta: dict[str, Any]) -> None:
     path = out / MANIFEST
     pinned = ("config", "cells", "world")
     if path.exists():
-        previous = json.loads(path.read_text())
+        previous = read_json(path)
+        if not isinstance(previous, dict):
+            raise RecordsError(f"{path}: damaged, expected a JSON object")
         if {k: previous.get(k) for k in pinned} != {k: meta[k] for k in pinned}:
             raise RunMismatchError(
                 f"--out {out} holds a sweep of another config or world "
                 f"({previous.get('config', {}).get('name')}); use another --out or delete it")
         return
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(meta, indent=2) + "\n")
+    write_json(path, meta)
 
 
 def run_sweep(
@@ -218,24 +228,27 @@ def run_sweep(
     Raises:
       ConfigError: a cell cannot run on the world (unknown model, τ > K).
       RunMismatchError: ``out`` holds another sweep or a cell directory other settings.
+      RunLockedError: another process is running a sweep or cell in ``out``.
     """
     out = Path(out)
     world = load_world(config.world.preset)
     cells = plan_cells(config, sections)
     check_cells(cells, world)
-    _write_manifest(out, manifest(config, cells, world))
-    summaries = {}
-    for cell in cells:
-        callback = progress(cell.name) if progress else None
-        run_cell = {"certify": certify_runner.run, "perturb": perturb_runner.run,
-                    "attack": attack_runner.run}[cell.kind]
-        summary = run_cell(world, cell.job, out / cell.name, progress=callback)
-        if cell.kind == "perturb":
-            summary = summary.summary
-        summaries[cell.name] = summary
-        if on_cell:
-            on_cell(cell, summary)
-    return summaries
+    check_writable(out)
+    with hold(out):
+        _write_manifest(out, manifest(config, cells, world))
+        summaries = {}
+        for cell in cells:
+            callback = progress(cell.name) if progress else None
+            run_cell = {"certify": certify_runner.run, "perturb": perturb_runner.run,
+                        "attack": attack_runner.run}[cell.kind]
+            summary = run_cell(world, cell.job, out / cell.name, progress=callback)
+            if cell.kind == "perturb":
+                summary = summary.summary
+            summaries[cell.name] = summary
+            if on_cell:
+                on_cell(cell, summary)
+        return summaries
 
 
 __all__ = [

@@ -15,6 +15,7 @@ from cbcert.certify.runner import (
     pool_latents,
     run,
 )
+from cbcert.runs.directory import RecordsError, RunLockedError
 
 SMALL = dict(n0=8, n=40, num_inputs=6, alpha=0.01)
 
@@ -119,3 +120,102 @@ def test_unknown_model_is_rejected(world, tmp_path):
         run(world, CertifyJob(noise="gaussian", scale=0.1, models=("std", "vit"), **SMALL),
             tmp_path)
 
+
+
+def test_duplicated_record_lines_are_counted_once(world, tmp_path):
+    """A copied line once made 8 inputs read as 9 (SmAcc 0.333 instead of 0.375)."""
+    job = CertifyJob(noise="gaussian", scale=0.25, **SMALL)
+    clean = run(world, job, tmp_path)
+    lines = (tmp_path / RECORDS).read_text().splitlines(keepends=True)
+    (tmp_path / RECORDS).write_text("".join(lines + lines[:3]))
+    again = run(world, job, tmp_path)
+    assert _untimed(again["models"]) == _untimed(clean["models"])
+    assert again["models"]["std"]["num_inputs"] == SMALL["num_inputs"]
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda r: {**r, "prediction": (r["prediction"] + 1) % 10}, "conflicts with line 1"),
+        (lambda r: {**r, "index": 10**6}, "index=1000000 is not an input of this run"),
+        (lambda r: {**r, "model": "cbmh"}, "model='cbmh' is not one of the run's models"),
+        (lambda r: {**r, "radius": "big"}, "field 'radius'"),
+    ],
+)
+def test_untrustworthy_records_are_refused_naming_file_and_line(world, tmp_path, edit, message):
+    job = CertifyJob(noise="gaussian", scale=0.25, **SMALL)
+    run(world, job, tmp_path)
+    text = (tmp_path / RECORDS).read_text()
+    first = json.loads(text.splitlines()[0])
+    (tmp_path / RECORDS).write_text(text + json.dumps(edit(first)) + "\n")
+    line = len(text.splitlines()) + 1
+    with pytest.raises(RecordsError, match=f"records.jsonl, line {line}: .*{message}"):
+        run(world, job, tmp_path)
+
+
+def test_malformed_complete_line_and_damaged_run_json_are_named(world, tmp_path):
+    job = CertifyJob(noise="gaussian", scale=0.25, **SMALL)
+    run(world, job, tmp_path / "a")
+    path = tmp_path / "a" / RECORDS
+    path.write_text('{"index": 1, oops}\n' + path.read_text())
+    with pytest.raises(RecordsError, match="records.jsonl, line 1: not a JSON record"):
+        run(world, job, tmp_path / "a")
+    run(world, job, tmp_path / "b")
+    (tmp_path / "b" / "run.json").write_text('{"job": ')
+    with pytest.raises(RecordsError, match="run.json: damaged"):
+        run(world, job, tmp_path / "b")
+
+
+def test_repeated_models_are_refused():
+    with pytest.raises(ValueError, match="give each model once"):
+        CertifyJob(noise="gaussian", scale=0.1, models=("std", "std"))
+
+
+def test_a_second_run_on_the_same_directory_is_refused_naming_the_holder(world, tmp_path):
+    """The lock of a live process refuses the run; once that process is killed, it resumes."""
+    import signal
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom cbcert.runs.directory import hold\n"
+         f"with hold({str(tmp_path)!r}):\n    print('held', flush=True)\n    time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        job = CertifyJob(noise="gaussian", scale=0.25, **SMALL)
+        with pytest.raises(RunLockedError, match=f"in use by another run .*{holder.pid}"):
+            run(world, job, tmp_path)
+        assert not (tmp_path / RECORDS).exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert (tmp_path / ".lock").exists()  # left by the killed holder; no longer locked
+    run(world, job, tmp_path)
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_every_generator_call_respects_the_chunk_size(world, tmp_path):
+    """Pool search, true labels, concept encoding and sampling all reach the generator in
+    chunks of at most ``chunk_size`` (a 256-px world once asked for 82 GB rendering its
+    whole pool block at once). The spy records the batch of every traced call."""
+    import dataclasses
+
+    from cbcert.pipeline import World
+
+    seen = []
+    gen = world.generator
+
+    def spy(name, fn):
+        def wrapped(params, x):
+            seen.append((name, x.shape[0]))
+            return fn(params, x)
+        return wrapped
+
+    spied = dataclasses.replace(gen, g1=spy("g1", gen.g1), g2=spy("g2", gen.g2))
+    other = World(**{**{f.name: getattr(world, f.name) for f in dataclasses.fields(World)},
+                     "generator": spied})
+    for noise, scale in (("gaussian", 0.25), ("bernoulli", 0.2)):
+        job = CertifyJob(noise=noise, scale=scale, **SMALL)
+        run(other, job, tmp_path / noise, chunk_size=8)
+    assert seen and max(batch for _, batch in seen) <= 8, sorted(set(seen))

@@ -19,18 +19,20 @@ def runner(monkeypatch):
 @pytest.mark.parametrize(
     "args,flag,allowed",
     [
-        (["latent", "--sigma", "0"], "--sigma", "(0, inf)"),
-        (["latent", "--sigma", "-0.1"], "--sigma", "(0, inf)"),
+        (["latent", "--sigma", "0"], "--sigma", "[1e-30, 1e+30]"),
+        (["latent", "--sigma", "-0.1"], "--sigma", "[1e-30, 1e+30]"),
+        (["latent", "--sigma", "1e308"], "--sigma", "[1e-30, 1e+30]"),
         (["concept", "--rho", "0.5"], "--rho", "(0, 0.5)"),
         (["concept", "--rho", "0"], "--rho", "(0, 0.5)"),
         (["latent", "--sigma", "0.1", "--alpha", "1"], "--alpha", "(0, 1)"),
         (["latent", "--sigma", "0.1", "--alpha", "0"], "--alpha", "(0, 1)"),
-        (["latent", "--sigma", "0.1", "--n", "0"], "--n", "[1, inf)"),
+        (["latent", "--sigma", "0.1", "--n", "0"], "--n", "[1, 2147483647]"),
+        (["latent", "--sigma", "0.1", "--n", str(2**31)], "--n", "[1, 2147483647]"),
         (["latent", "--sigma", "0.1", "--n0", "200", "--n", "100"], "--n0", "--n"),
         (["latent", "--sigma", "0.1", "--inputs", "0"], "--inputs", "[1, inf)"),
         (["latent", "--sigma", "0.1", "--models", "std,vit"], "--models", "allowed: std"),
         (["concept", "--flips", "0"], "--flips", "[1, inf)"),
-        (["predict", "--sigma", "-1"], "--sigma", "(0, inf)"),
+        (["predict", "--sigma", "-1"], "--sigma", "[1e-30, 1e+30]"),
     ],
 )
 def test_bad_values_exit_2_naming_flag_and_range(runner, tmp_path, args, flag, allowed):
@@ -81,3 +83,81 @@ def test_world_show_writes_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = CliRunner().invoke(cli.main, ["world", "show", "--flip", "12", "--out", str(out)])
     assert bad.exit_code == 2 and "--flip" in bad.output and "[0, 11]" in bad.output
+
+
+def _finished_run(tmp_path, runner):
+    out = tmp_path / "done"
+    args = ["latent", "--sigma", "0.25", "--inputs", "2", "--n", "20", "--n0", "5",
+            "--models", "std", "--out", str(out), "--quiet"]
+    assert runner.invoke(cli.main, args).exit_code == 0
+    return out, args
+
+
+def _bad_records(tmp_path, runner):
+    out, args = _finished_run(tmp_path, runner)
+    (out / "records.jsonl").write_text('{"index": 0, "model": \n' +
+                                       (out / "records.jsonl").read_text())
+    return args, "records.jsonl, line 1"
+
+
+def _bad_run_json(tmp_path, runner):
+    out, args = _finished_run(tmp_path, runner)
+    (out / "run.json").write_bytes(b"\xff\xfe")
+    return args, "run.json: damaged"
+
+
+def _under_a_file(tmp_path, runner):
+    (tmp_path / "file").write_text("x")
+    return ["latent", "--sigma", "0.1", "--out", str(tmp_path / "file" / "run")], "under the file"
+
+
+def _sweep_config(text: bytes):
+    def make(tmp_path, runner):
+        path = tmp_path / "c.yaml"
+        path.write_bytes(text)
+        return ["sweep", str(path), "--out", str(tmp_path / "s")], "c.yaml"
+    return make
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda t, r: (["latent", "--sigma", "1e308"], "--sigma"),
+        lambda t, r: (["latent", "--sigma", "0.1", "--n", str(2**31)], "--n"),
+        lambda t, r: (["latent", "--sigma", "0.1", "--models", "std,std"], "--models"),
+        lambda t, r: (["predict", "--sigma", "0.1", "--two-class"], "--two-class"),
+        lambda t, r: (["concept", "--flips", "13"], "K=12"),
+        lambda t, r: (["perturb", "--eps", "0.1,0.1", "--tau", ""], "each budget once"),
+        lambda t, r: (["perturb", "--tau", "2,2"], "each budget once"),
+        lambda t, r: (["attack", "--eps", "0.1,0.1"], "--eps"),
+        lambda t, r: (["attack", "--eot", str(2**31), "--smoothed", "--sigma", "0.1"], "--eot"),
+        lambda t, r: (["world", "show", "--out", str(t / "missing" / "g.png")], "does not exist"),
+        _under_a_file,
+        _bad_records,
+        _bad_run_json,
+        _sweep_config(b"latent: {sigmas: [0.1]}\n\xff\n"),
+        _sweep_config(b"latent: [1,\n"),
+        _sweep_config(b"latent: {sigmas: [0.1], n: 1.0e+40}\n"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message_never_a_traceback(runner, tmp_path, make):
+    args, expected = make(tmp_path, runner)
+    if "--out" not in args and args[0] not in ("world", "sweep"):
+        args = [*args, "--out", str(tmp_path / "x")]
+    result = runner.invoke(cli.main, [*args, "--quiet"] if args[0] != "world" else args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output and expected in result.output, result.output
+
+
+def test_chunk_size_beyond_the_run_is_capped(runner, tmp_path):
+    """--chunk-size 10^9 once tried to allocate 12 GiB; records equal the default run's."""
+    base = ["latent", "--sigma", "0.25", "--inputs", "2", "--n", "20", "--n0", "5",
+            "--models", "std", "--quiet"]
+    assert runner.invoke(cli.main, [*base, "--out", str(tmp_path / "a")]).exit_code == 0
+    big = runner.invoke(cli.main, [*base, "--out", str(tmp_path / "b"), "--chunk-size",
+                                   str(10**9)])
+    assert big.exit_code == 0, big.output
+    untimed = [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+               for d in "ab" for line in (tmp_path / d / "records.jsonl").read_text().splitlines()]
+    assert untimed[: len(untimed) // 2] == untimed[len(untimed) // 2:]

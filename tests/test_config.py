@@ -96,7 +96,10 @@ def test_wrong_types_name_key_value_and_expected_type(tmp_path, text, message):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("latent: {sigmas: [0.1, -0.5]}", r"key 'sigmas\[1\]': got -0.5, allowed range \(0, inf\)"),
+        ("latent: {sigmas: [0.1, -0.5]}",
+         r"key 'sigmas\[1\]': got -0.5, allowed range \[1e-30, 1e\+30\]"),
+        ("latent: {sigmas: [1.0e+308]}", r"key 'sigmas\[0\]': got 1e\+308, allowed range"),
+        ("latent: {n: 2147483648}", r"key 'n': got 2147483648, allowed range integer in \[1, "),
         ("concept: {rhos: [0.5]}", r"key 'rhos\[0\]': got 0.5, allowed range \(0, 0.5\)"),
         ("concept: {alpha: 0.0}", r"key 'alpha': got 0.0, allowed range \(0, 1\)"),
         ("concept: {flips: [0]}", r"key 'flips\[0\]': got 0, allowed range integer in \[1, inf\)"),
@@ -106,12 +109,38 @@ def test_wrong_types_name_key_value_and_expected_type(tmp_path, text, message):
         ("latent: {sigmas: []}", "key 'sigmas': needs at least one value"),
         ("perturb: {tau: [1, 1]}", r"key 'tau': repeated values in \[1, 1\]"),
         ("world: {seed: -1}", r"key 'seed': got -1, allowed range integer in \[0, 4294967295\]"),
-        ("world: {num_inputs: 100}", "'subset_size': 200 exceeds world.num_inputs=100"),
     ],
 )
 def test_out_of_range_values_name_key_and_range(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
         config.load_config(_write(tmp_path, text))
+
+
+def test_cross_section_checks_apply_to_the_sections_run(tmp_path):
+    """An attack-only file is not refused for the perturb defaults it never runs."""
+    cfg = config.load_config(_write(tmp_path, "world: {num_inputs: 100}\nattack: {inputs: 8}"))
+    cfg.check_sections(("attack",))
+    with pytest.raises(ConfigError, match="'subset_size': 200 exceeds world.num_inputs=100"):
+        cfg.check_sections(("attack", "perturb"))
+
+
+def test_messages_stay_short_for_huge_values(tmp_path):
+    """Nine levels of YAML aliases make a 1e9-element value from ~300 bytes; the message quoting
+    it must stay bounded (it once reached 254 MB)."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    text = "\n".join(lines) + "\nlatent: {sigmas: *a8}\n"
+    assert len(text.encode()) < 1000
+    with pytest.raises(ConfigError) as error:
+        config.load_config(_write(tmp_path, text))
+    assert len(str(error.value)) < 1000
+
+
+def test_non_utf8_config_names_the_file(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_bytes(b"latent: {sigmas: [0.1]}\n# \xff\xfe\n")
+    with pytest.raises(ConfigError, match="x.yaml: not UTF-8"):
+        config.load_config(path)
 
 
 def test_invalid_yaml_and_missing_file_name_the_path(tmp_path):
@@ -127,6 +156,8 @@ def test_validate_for_cli_flags():
         config.validate("rho", 0.7, label="--rho")
     with pytest.raises(ConfigError, match=r"^--n0: expected integer in \[1, inf\), got 2.0$"):
         config.validate("count", 2.0, label="--n0")
+    with pytest.raises(ConfigError, match=r"^--sigma: got 1e\+308, allowed range \[1e-30, 1e\+30"):
+        config.validate("sigma", 1e308, label="--sigma")
     with pytest.raises(ConfigError, match="^--n0=500 exceeds --n=100; allowed range 1 <= n0 <= n$"):
         config.validate_sample_sizes(500, 100, n0_label="--n0", n_label="--n")
     assert issubclass(ConfigError, ValueError)

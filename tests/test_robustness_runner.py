@@ -189,7 +189,7 @@ def test_tau_above_the_number_of_concepts_is_rejected(world, tmp_path):
 @pytest.mark.parametrize(
     "args,flag,message",
     [
-        (["--eps", "0.1,-0.2"], "--eps", "allowed range (0, inf)"),
+        (["--eps", "0.1,-0.2"], "--eps", "allowed range [1e-30, 1e+30]"),
         (["--eps", "0.1,abc"], "--eps", "comma-separated numbers"),
         (["--tau", "0"], "--tau", "allowed range integer in [1, inf)"),
         (["--subsets", "1"], "--subsets", "[2, inf)"),

@@ -174,3 +174,34 @@ def test_every_shipped_config_loads_and_plans_cells(path):
 
     cells = sweep.plan_cells(load_config(path), sweep.sections_in_file(path))
     assert cells and len({c.name for c in cells}) == len(cells)
+
+
+def test_cells_are_named_by_exact_value():
+    """σ = 0.1 and 0.1000001 once shared latent-sigma0.1 (and ε = 0.1000001 reused ε = 0.1's
+    records); names keep the short form only where it reads back as the same number."""
+    cfg = ExperimentConfig.from_dict({
+        "preset": "smoke", "latent": {"sigmas": [0.1, 0.1000001, 2.0]},
+        "perturb": {"eps": [0.1, 0.1000001], "tau": []}})
+    names = [c.name for c in sweep.plan_cells(cfg, ("latent", "perturb"))]
+    assert names[:3] == ["latent-sigma0.1", "latent-sigma0.1000001", "latent-sigma2"]
+    from cbcert.robustness.runner import budget_name
+
+    assert budget_name("eps", 0.1000001) != budget_name("eps", 0.1) == "eps0.1"
+
+
+def test_attack_only_config_is_not_checked_against_perturb_defaults(world, tmp_path):
+    path, cfg = _config(tmp_path, "world: {num_inputs: 4}\nattack: {eps: [0.03], iters: 2, "
+                                  "inputs: 4}\n")
+    sections = sweep.sections_in_file(path)
+    assert sections == ("attack",)
+    cells = sweep.plan_cells(cfg, sections)
+    assert [c.name for c in cells] == ["attack-latent"]
+
+
+def test_a_second_sweep_into_the_same_directory_is_refused(world, tmp_path):
+    from cbcert.runs.directory import RunLockedError, hold
+
+    _, cfg = _config(tmp_path)
+    out = tmp_path / "run"
+    with hold(out), pytest.raises(RunLockedError, match="in use by another run"):
+        sweep.run_sweep(cfg, out, sections=("latent",), load_world=lambda preset: world)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import special, stats
 
+_BELOW_ONE = np.nextafter(1.0, 0.0)
+
 
 def check_alpha(alpha: float, name: str = "alpha") -> float:
     """Return ``alpha`` as a float after checking it lies in the open interval (0, 1)."""
@@ -52,7 +54,8 @@ def clopper_pearson_lower(
     """One-sided Clopper–Pearson lower bound on a binomial proportion at level ``1 - alpha``.
 
     ``p_lower = Beta⁻¹(alpha; k, n - k + 1)``, with the exact edge cases ``p_lower = 0`` for
-    ``k = 0`` and ``p_lower = alpha**(1/n)`` for ``k = n``. Equal to
+    ``k = 0`` and ``p_lower = alpha**(1/n)`` for ``k = n``, capped at the largest double below
+    1 (a finite sample never proves probability 1). Equal to
     ``statsmodels.stats.proportion.proportion_confint(k, n, alpha=2 * alpha, method="beta")[0]``,
     the bound used by Cohen et al. (2019), ``core.py``.
 
@@ -64,15 +67,19 @@ def clopper_pearson_lower(
     Returns:
       float64 array of the broadcast shape.
 
-    >>> float(clopper_pearson_lower(1000, 1000, 0.001))  # 0.001 ** (1/1000)
-    0.9931160484209337
+    >>> round(float(clopper_pearson_lower(1000, 1000, 0.001)), 15)  # 0.001 ** (1/1000)
+    0.993116048420934
     """
     alpha = check_alpha(alpha)
     k, n = check_counts(successes, trials)
     shape_a = np.maximum(k, 1)  # keeps the unused k = 0 branch away from an invalid Beta(0, .)
     interior = special.betaincinv(shape_a, n - shape_a + 1, alpha)
     saturated = np.power(alpha, 1.0 / n)
-    return np.where(k == 0, 0.0, np.where(k == n, saturated, interior))
+    bound = np.where(k == 0, 0.0, np.where(k == n, saturated, interior))
+    # A lower bound from finitely many samples is < 1; at astronomically large n it rounds to
+    # 1.0, which would certify an infinite radius. The largest double below 1 is below the
+    # true bound there, so capping keeps the certificate sound and finite.
+    return np.minimum(bound, _BELOW_ONE)
 
 
 def clopper_pearson_upper(

@@ -37,6 +37,12 @@ from scipy import special
 from cbcert.certify.l2 import check_probability
 
 _LOG_HALF = np.log(0.5)
+# Certify only when L_Δ beats the bound by this much in log space (relative 1e-9 on the
+# probabilities). The log-space computation is accurate to ~1e-12 (7e-13 worst at K = 1000 vs
+# 60-digit mpmath), so a margin 1000× larger decides every exact tie -- L_Δ(p) = U_Δ(p') in
+# exact arithmetic, e.g. ρ = 0.45, pA = 0.6, Δ = 2 -- conservatively instead of by the sign of
+# a rounding error. Only certificates within 1e-9 of a tie are affected.
+TIE_MARGIN = 1e-9
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,11 @@ def hamming_radius(
     certificate abstains when ``pA_lower < 1/2`` (as Cohen et al. 2019). In the two-class form it
     abstains unless ``pA_lower > pB_upper``. A radius of 0 certifies the prediction only.
 
+    "Exact" means: the Neyman–Pearson bounds are the exact optima of the linear program (no
+    relaxation), computed in log space to ~1e-12; a comparison within ``TIE_MARGIN`` (1e-9
+    relative) of a tie is decided against certifying, so the radius never exceeds the one exact
+    rational arithmetic gives for the same bounds.
+
     Args:
       p_lower: lower bounds on the top-class probability ``[...]``.
       p_upper: upper bounds on the largest other-class probability ``[...]`` or None.
@@ -261,7 +272,7 @@ def hamming_radius(
         reg = regions(delta)
         log_l = log_lower(reg, pa[alive])
         bound = _LOG_HALF if p_upper is None else log_upper(reg, pb[alive])
-        certified = log_l > bound
+        certified = log_l > bound + TIE_MARGIN
         radius[alive] = np.where(certified, delta, radius[alive])
         alive[alive] = certified
     return np.where(abstain, np.nan, radius)

@@ -10,8 +10,8 @@ run's. Analysis (``summarize_records``) is separate from sampling.
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,18 +27,25 @@ from cbcert.certify.hamming import BernoulliHammingRadius, FixedFlipHammingRadiu
 from cbcert.certify.l2 import L2Radius
 from cbcert.engine.keys import STREAM_ESTIMATE, STREAM_SELECT, stream_key
 from cbcert.engine.noise import BernoulliFlips, FixedFlips, Gaussian
-from cbcert.engine.sampler import count_classes
+from cbcert.engine.sampler import count_classes, map_inputs
 from cbcert.pipeline import clean_predictor
+from cbcert.runs.directory import (
+    RECORDS,
+    RUN,
+    SUMMARY,
+    RunMismatchError,
+    check_field,
+    check_writable,
+    finite_or_none,
+    hold,
+    json_line,
+    open_run,
+    write_json,
+)
+from cbcert.runs.directory import read_records as read_checked_records
 
 # Streams of the root key besides the engine's selection/estimation streams.
 STREAM_POOL = 2
-RECORDS = "records.jsonl"
-SUMMARY = "summary.json"
-RUN = "run.json"
-
-
-class RunMismatchError(ValueError):
-    """The output directory holds a run with different settings."""
 
 
 class PoolTooSmallError(ValueError):
@@ -74,6 +81,13 @@ class CertifyJob:
     num_inputs: int = 100
     batch: int = 10
     dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if len(set(self.models)) != len(self.models) or not self.models:
+            raise ValueError(f"models={list(self.models)}: give each model once")
+        if self.mode == "predict" and self.two_class:
+            raise ValueError("two_class=True: PREDICT has no two-class form (its binomial test "
+                             "already compares the top two counts); use it with certify")
 
     @property
     def space(self) -> str:
@@ -123,11 +137,16 @@ def agreement_pool(
     space: str = "latent",
     block: int = 256,
     max_pool: int | None = None,
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
 ) -> Pool:
     """First ``num_inputs`` pool inputs on which ``std`` and ``cbm`` agree on the clean image.
 
     For concept-space runs the clean image is the autoencoded ``g2(D(E(g1(z))))`` (SPEC §1).
-    Raises ValueError if fewer are found among ``max_pool`` (default ``20 · num_inputs``) latents.
+    Latents are searched in blocks of ``block``; each block is classified by the engine in
+    chunks within ``max_memory`` (or of ``chunk_size``), so a large generator never renders a
+    whole block at once. Raises ValueError if fewer are found among ``max_pool`` (default
+    ``20 · num_inputs``) latents.
     """
     max_pool = max_pool or max(20 * num_inputs, block)
     params = world.params
@@ -137,7 +156,8 @@ def agreement_pool(
     start = 0
     while sum(map(len, found_idx)) < num_inputs and start < max_pool:
         z = pool_latents(world, seed, start, block)
-        pred = np.asarray(predict(params, z))  # [B, 2]
+        pred = map_inputs(predict, params, z, chunk_size=chunk_size,
+                          max_memory=max_memory)  # [B, 2]
         agree = np.flatnonzero(pred[:, 0] == pred[:, 1])
         found_idx.append(start + agree)
         found_lab.append(pred[agree, 0])
@@ -152,7 +172,8 @@ def agreement_pool(
     latents = np.concatenate(found_z)[:num_inputs]
     true = None
     if world.true_label is not None:
-        true = np.asarray(world.true_label(params["gen"], latents))
+        true = map_inputs(_true_labels(world), params, latents, chunk_size=chunk_size,
+                          max_memory=max_memory)
     return Pool(
         indices=indices,
         labels=np.concatenate(found_lab)[:num_inputs],
@@ -162,12 +183,45 @@ def agreement_pool(
     )
 
 
+@functools.lru_cache(maxsize=32)
+def _true_labels(world) -> Callable:
+    """``(params, z[B, d]) -> int32[B]`` ground-truth classes (one object per world: one jit)."""
+    return lambda params, z: world.true_label(params["gen"], z)
+
+
+def encode_inputs(world, latents: np.ndarray, *, chunk_size: int | None = None,
+                  max_memory: int | None = None) -> np.ndarray:
+    """``c = E(g1(z))`` of every latent, in memory-bounded chunks: ``[N, d] -> [N, 2K + U]``."""
+    return map_inputs(_encoder(world), world.params, latents, chunk_size=chunk_size,
+                      max_memory=max_memory)
+
+
+@functools.lru_cache(maxsize=32)
+def _encoder(world) -> Callable:
+    return world.encode_latents
+
+
+def certified_scale(noise, scale: float) -> float:
+    """The noise scale a certificate may use: ``min(typed, drawn)`` (SPEC §4).
+
+    The engine samples with the float32 scale (``noise.drawn``): σ rounded to float32, ρ to
+    the 2⁻²³ grid of float32 uniforms. The Gaussian radius grows with σ and the Bernoulli
+    Hamming radius with ρ ∈ (0, ½), so certifying with the smaller of the typed and the drawn
+    value never claims more than holds for the noise actually drawn, nor for the one typed.
+    """
+    return min(float(scale), noise.drawn(scale))
+
+
 def radius_rule(job: CertifyJob, num_concepts: int):
-    """The radius rule of a job's noise: L2 (σ), Bernoulli Hamming (ρ, K) or fixed flips (m, K)."""
+    """The radius rule of a job's noise: L2 (σ), Bernoulli Hamming (ρ, K) or fixed flips (m, K).
+
+    σ and ρ are the conservative scales of `certified_scale`.
+    """
+    noise = noise_model(job, num_concepts)
     if job.noise == "gaussian":
-        return L2Radius(job.scale)
+        return L2Radius(certified_scale(noise, job.scale))
     if job.noise == "bernoulli":
-        return BernoulliHammingRadius(job.scale, num_concepts)
+        return BernoulliHammingRadius(certified_scale(noise, job.scale), num_concepts)
     return FixedFlipHammingRadius(int(job.scale), num_concepts)
 
 
@@ -181,45 +235,63 @@ def noise_model(job: CertifyJob, num_concepts: int):
 
 
 def read_records(path: Path) -> list[dict]:
-    """Complete JSONL records; a torn last line (crash mid-write) is dropped from the file.
+    """Complete JSONL records of ``path`` keyed by their full content (torn last line dropped).
 
-    Shared by every runner (certification, perturb, attack).
+    Kept for the attack runner until it validates its records like `run`.
     """
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    complete = raw[: raw.rfind(b"\n") + 1]
-    if len(complete) != len(raw):
-        path.write_bytes(complete)
-    return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+    return read_checked_records(Path(path), key=lambda r: json.dumps(r, sort_keys=True))
 
 
 def open_run_dir(out: Path, meta: dict[str, Any]) -> None:
-    """Write ``out/run.json`` (``meta`` plus versions and devices), or check the one there.
+    """``runs.directory.open_run`` with the versions and devices (see `run_info`)."""
+    open_run(out, meta, run_info())
 
-    A run directory holds one run: if ``run.json`` exists, its ``meta`` keys must equal ``meta``
-    (compared after a JSON round trip, so tuples equal the lists read back), else
-    ``RunMismatchError``. Shared by every runner.
-    """
-    meta = json.loads(json.dumps(meta))
-    run_file = out / RUN
-    if run_file.exists():
-        previous = json.loads(run_file.read_text())
-        if {k: previous.get(k) for k in meta} != meta:
-            shown = {k: previous.get(k) for k in meta}
-            raise RunMismatchError(
-                f"--out {out} holds a run with different settings ({shown}); "
-                "use another --out or delete it"
-            )
-        return
-    out.mkdir(parents=True, exist_ok=True)
+
+def run_info() -> dict[str, Any]:
+    """What ``run.json`` records besides the settings: versions and devices."""
     import cbcert
 
-    run_file.write_text(json.dumps({
-        **meta,
-        "versions": {"cbcert": cbcert.__version__, "jax": jax.__version__},
-        "devices": [str(d) for d in jax.devices()],
-    }, indent=2) + "\n")
+    return {"versions": {"cbcert": cbcert.__version__, "jax": jax.__version__},
+            "devices": [str(d) for d in jax.devices()]}
+
+
+# Record fields and their JSON types (bool is not an int here); None marks "or null".
+_RECORD_TYPES: dict[str, tuple] = {
+    "index": (int,), "model": (str,), "label": (int,), "true_label": (int, None),
+    "prediction": (int,), "count_top": (int,), "count_runner_up": (int,),
+    "correct": (bool,), "seconds": (int, float),
+}
+_CERTIFY_TYPES = {"p_lower": (int, float), "p_upper": (int, float), "radius": (int, float, None)}
+_PREDICT_TYPES = {"p_value": (int, float)}
+
+
+def check_types(record: dict, types: dict[str, tuple]) -> None:
+    """Raise ValueError naming the first field of ``record`` whose JSON type is not allowed."""
+    for name, allowed in types.items():
+        value = record[name]
+        ok = (value is None and None in allowed) or (
+            value is not None and not (isinstance(value, bool) and bool not in allowed)
+            and isinstance(value, tuple(t for t in allowed if t is not None)))
+        if not ok:
+            raise ValueError(f"field {name!r} = {value!r} has the wrong type")
+
+
+def records_of(path: Path, job: CertifyJob, indices) -> list[dict]:
+    """The checked records of a certification run: one per (input, model) of ``job``.
+
+    Raises `RecordsError` for a malformed line, an input index not among ``indices``, a model
+    not in ``job.models``, a field of the wrong type, or two different records of one key.
+    """
+    indices = set(map(int, indices))
+    models = set(job.models)
+    types = {**_RECORD_TYPES, **(_CERTIFY_TYPES if job.mode == "certify" else _PREDICT_TYPES)}
+
+    def check(record: dict) -> None:
+        check_types(record, types)
+        check_field(record, "index", indices, "an input of this run")
+        check_field(record, "model", models, f"one of the run's models {sorted(models)}")
+
+    return read_checked_records(path, key=lambda r: (r["index"], r["model"]), check=check)
 
 
 def run(
@@ -241,13 +313,19 @@ def run(
     Returns the summary dict (per model metrics).
     """
     out = Path(out)
-    open_run_dir(out, {"job": asdict(job), "world": world.name})
-    records_path = out / RECORDS
-    records = read_records(records_path)
-    done = {(r["index"], r["model"]) for r in records}
+    check_writable(out)
+    with hold(out):
+        return _run(world, job, out, progress, chunk_size, max_memory)
 
+
+def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory) -> dict[str, Any]:
+    open_run_dir(out, {"job": asdict(job), "world": world.name})
     k = world.generator.num_concepts
-    pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space)
+    memory = dict(chunk_size=chunk_size, max_memory=max_memory)
+    pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
+    records_path = out / RECORDS
+    records = records_of(records_path, job, pool.indices)
+    done = {(r["index"], r["model"]) for r in records}
     todo = [
         n
         for n in range(job.num_inputs)
@@ -263,7 +341,7 @@ def run(
         apply_fn, inputs = world.latent_apply(job.models), pool.latents
     else:
         apply_fn = world.concept_apply(job.models)
-        inputs = np.asarray(jax.jit(world.encode_latents)(world.params, pool.latents))
+        inputs = encode_inputs(world, pool.latents, **memory)
     noise = noise_model(job, k)
     rule = radius_rule(job, k) if job.mode == "certify" else None
     root = jax.random.key(job.seed)
@@ -333,25 +411,20 @@ def run(
                         "prediction": int(result.prediction[r]),
                         "count_top": int(result.count_top[r]),
                         "count_runner_up": int(result.count_runner_up[r]),
-                        **{key: _num(value[r]) for key, value in extra.items()},
+                        **{key: finite_or_none(value[r]) for key, value in extra.items()},
                         "correct": bool(result.prediction[r] == pool.labels[row]),
                         "seconds": seconds,
                     }
-                    sink.write(json.dumps(record) + "\n")
+                    sink.write(json_line(record))
             sink.flush()
             finished += len(rows)
             if progress:
                 progress(finished, job.num_inputs)
 
-    summary = summarize_records(read_records(records_path), job, k)
+    summary = summarize_records(records_of(records_path, job, pool.indices), job, k)
     summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / SUMMARY, summary)
     return summary
-
-
-def _num(value) -> float | None:
-    value = float(value)
-    return None if math.isnan(value) else value
 
 
 def radius_grid(job: CertifyJob, num_concepts: int) -> np.ndarray:
@@ -397,4 +470,5 @@ def summarize_records(records: list[dict], job: CertifyJob, num_concepts: int) -
     return result
 
 
-__all__ = ["ABSTAIN", "CertifyJob", "Pool", "agreement_pool", "run", "summarize_records"]
+__all__ = ["ABSTAIN", "RECORDS", "RUN", "SUMMARY", "CertifyJob", "Pool", "RunMismatchError",
+           "agreement_pool", "run", "summarize_records"]

@@ -305,13 +305,26 @@ def read_converted(out_dir: str | pathlib.Path,
     manifest_path = out_dir / MANIFEST_NAME
     if not manifest_path.is_file():
         raise ValueError(f"dir={str(out_dir)!r}: no {MANIFEST_NAME}; not a converted model")
-    manifest = json.loads(manifest_path.read_text())
+    try:
+        manifest = json.loads(manifest_path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{manifest_path}: damaged, not valid JSON ({err})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("params_sha256"), str):
+        raise ValueError(f"{manifest_path}: damaged, expected an object with a params_sha256")
     if manifest.get("format_version") != MANIFEST_VERSION:
         raise ValueError(f"{manifest_path}: format_version={manifest.get('format_version')!r}; "
                          f"this cbcert reads version {MANIFEST_VERSION}")
-    graphdef, abstract_state = nnx.split(build_abstract(manifest))
-    restored = ocp.StandardCheckpointer().restore(out_dir / PARAMS_DIR,
-                                                  nnx.to_pure_dict(abstract_state))
+    try:
+        graphdef, abstract_state = nnx.split(build_abstract(manifest))
+    except (TypeError, KeyError, AttributeError) as err:
+        raise ValueError(f"{manifest_path}: damaged config ({type(err).__name__}: {err})") \
+            from None
+    try:
+        restored = ocp.StandardCheckpointer().restore(out_dir / PARAMS_DIR,
+                                                      nnx.to_pure_dict(abstract_state))
+    except Exception as err:  # orbax raises many types for missing or truncated files
+        raise ValueError(f"dir={str(out_dir)!r}: cannot restore the parameters, the checkpoint "
+                         f"is incomplete or damaged ({type(err).__name__})") from None
     nnx.replace_by_pure_dict(abstract_state, restored)
     digest = sha256_params(abstract_state)
     if digest != manifest["params_sha256"]:

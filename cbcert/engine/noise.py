@@ -94,6 +94,10 @@ class Gaussian:
     def check_event(self, event_shape: tuple[int, ...]) -> None:
         del event_shape  # any shape
 
+    def drawn(self, param) -> float:
+        """The σ actually sampled: ``float32(σ)`` (the traced scale), exactly, as a float."""
+        return float(self.check_param(param))
+
     def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
         """``x[*event] + σ · N(0, I)``, noise drawn in ``x.dtype``."""
         return x + jnp.asarray(param, x.dtype) * jax.random.normal(key, x.shape, x.dtype)
@@ -117,6 +121,16 @@ class BernoulliFlips:
 
     def check_event(self, event_shape: tuple[int, ...]) -> None:
         _check_event_vector(event_shape, self.num_concepts)
+
+    def drawn(self, param) -> float:
+        """The flip probability actually sampled, exactly: ``⌈float32(ρ) · 2²³⌉ / 2²³``.
+
+        ``jax.random.bernoulli(key, p)`` is ``uniform(key) < p`` with float32 uniforms on the
+        grid ``k / 2²³``, ``k = 0 … 2²³ − 1``, so ``P[η = 1] = #{k : k / 2²³ < p} / 2²³``. This
+        can be below ρ (e.g. ρ = 0.39); a certificate must not assume more noise than drawn.
+        """
+        p = float(self.check_param(param))
+        return math.ceil(p * 2**23) / 2**23
 
     def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
         """``F(c, η)`` for one ``c[2K + U]`` with ``η ~ Bern(ρ)^K``."""

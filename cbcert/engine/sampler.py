@@ -76,8 +76,8 @@ def count_classes(
       num_classes: C, the size of the logits' last axis.
       indices: ``[N]`` global input indices (default ``arange(N)``); pass them when ``inputs``
         is a subset or a batch of a larger run so the noise stays the same.
-      chunk_size: pairs per chunk B, rounded up to a multiple of the device count; default from
-        ``max_memory``.
+      chunk_size: pairs per chunk B, capped at the run's pairs and rounded up to a multiple of
+        the device count; default from ``max_memory``.
       max_memory: bytes per device a chunk may use when ``chunk_size`` is None (default: a
         quarter of the device memory, or 8 MiB where the device does not report it).
       mesh: device mesh to split chunks over (default: all devices, one ``"data"`` axis).
@@ -159,6 +159,70 @@ def map_samples(
     return jax.tree.map(
         lambda leaf: leaf.reshape(run.num_inputs, run.num_samples, *leaf.shape[1:]), flat_out
     )
+
+
+def map_inputs(
+    fn: Callable,
+    params,
+    inputs,
+    *,
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
+    mesh: Mesh | None = None,
+    progress: bool | ProgressCallback | None = None,
+    dtype=None,
+):
+    """``fn`` over every input in memory-bounded chunks on all devices (no noise).
+
+    ``out[n] = fn(params, inputs[n:n+1])[0]`` for every n, computed in fixed-size chunks whose
+    size comes from ``max_memory`` (XLA's memory estimate of one input, as in `count_classes`)
+    or ``chunk_size``; the last chunk is padded and its padding dropped. This is how clean
+    images are classified (agreement pool, clean references, attack starts), so no generator
+    or classifier call ever holds more than one chunk, whatever the number of inputs.
+
+    Args:
+      fn: ``fn(params, x[B, *event]) -> pytree of [B, ...]`` arrays, pure and jittable. Pass the
+        same function object across calls to reuse its compilation.
+      params, inputs, chunk_size, max_memory, mesh, progress, dtype: as in `count_classes`
+        (``progress`` counts inputs).
+
+    Returns:
+      The pytree of ``fn``'s outputs as numpy arrays ``[N, ...]``.
+    """
+    out = map_samples(_clean_body(fn), params, inputs, Unperturbed(), 0.0, _UNUSED_KEY, 1,
+                      chunk_size=chunk_size, max_memory=max_memory, mesh=mesh,
+                      progress=progress, dtype=dtype)
+    return jax.tree.map(lambda leaf: leaf[:, 0], out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unperturbed:
+    """The identity "noise" of `map_inputs`: every sample is the clean input."""
+
+    def check_param(self, param) -> np.ndarray:
+        return np.float32(0.0)
+
+    def check_event(self, event_shape: tuple[int, ...]) -> None:
+        del event_shape
+
+    def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
+        del key, param
+        return x
+
+
+# `map_inputs` draws no noise; the sampler still threads a key through its step.
+_UNUSED_KEY = np.zeros(2, np.uint32)
+
+
+@functools.lru_cache(maxsize=64)
+def _clean_body(fn: Callable) -> Callable:
+    """``map_samples`` body applying ``fn`` to the clean inputs (cached: one jitted step)."""
+
+    def body(params, x_clean, x_noisy):
+        del x_noisy
+        return fn(params, x_clean)
+
+    return body
 
 
 @functools.lru_cache(maxsize=64)
@@ -255,6 +319,9 @@ class _Run:
                                           num_pairs, shards)
         elif not (isinstance(chunk_size, int | np.integer) and chunk_size >= 1):
             raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1")
+        else:
+            # A chunk larger than the run would only allocate padding.
+            chunk_size = min(int(chunk_size), num_pairs)
         return cls(
             step=step, mesh=mesh, params=params, inputs=inputs, indices=indices,
             num_inputs=num_inputs, num_samples=int(num_samples), num_pairs=num_pairs,

@@ -26,7 +26,6 @@ records and summary as an uninterrupted one.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,11 +35,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cbcert.certify.runner import agreement_pool, open_run_dir, read_records
+from cbcert.certify.runner import agreement_pool, encode_inputs, open_run_dir
 from cbcert.engine.keys import stream_key
 from cbcert.engine.noise import FixedFlips, SphereShift, concept_state
-from cbcert.engine.sampler import map_samples
+from cbcert.engine.sampler import map_inputs, map_samples
 from cbcert.robustness import protocol, stats
+from cbcert.runs.directory import (
+    check_field,
+    check_writable,
+    hold,
+    json_line,
+    read_records,
+    value_name,
+    write_json,
+)
 
 # Streams of the root key; 0, 1 are the engine's selection/estimation streams, 2 the pool.
 STREAM_GEOMETRIC = 3
@@ -48,7 +56,7 @@ STREAM_SEMANTIC = 4
 # Entropy tag of the subsets' numpy generator: ``default_rng((seed, SUBSET_STREAM))``.
 SUBSET_STREAM = 5
 CONCEPT_MODELS = ("cbm", "cbmh")
-SUMMARY = "summary.json"
+SUMMARY = "summary.json"  # = runs.directory.SUMMARY
 
 
 @dataclass(frozen=True)
@@ -135,8 +143,8 @@ def _require(ok: bool, name: str, value, allowed: str) -> None:
 
 
 def budget_name(kind: str, value: float) -> str:
-    """File stem of a budget's records: ``eps0.3``, ``tau5``."""
-    return f"{kind}{value:g}"
+    """File stem of a budget's records: ``eps0.3``, ``tau5`` (exact: `value_name`)."""
+    return f"{kind}{value_name(value)}"
 
 
 def observer(world, space: str, models: tuple[str, ...], scores: bool) -> Callable:
@@ -171,11 +179,12 @@ class _Kind:
     inputs: np.ndarray  # [M, *event] in the perturbation space
     noise: Any
     key: jax.Array
-    clean: Callable  # jitted observe
+    clean: Callable  # observe, for `map_inputs`
     perturbed: Callable  # map_samples body: observe on the noisy inputs
 
 
-def _kinds(world, job: PerturbJob, latents: np.ndarray, root: jax.Array) -> dict[str, _Kind]:
+def _kinds(world, job: PerturbJob, latents: np.ndarray, root: jax.Array,
+           memory: dict) -> dict[str, _Kind]:
     scores = bool(job.concept_models)
     kinds = {}
     for kind, space in (("eps", "latent"), ("tau", "concept")):
@@ -184,9 +193,9 @@ def _kinds(world, job: PerturbJob, latents: np.ndarray, root: jax.Array) -> dict
             inputs, noise = latents, SphereShift(ball=job.ball)
             key = stream_key(root, STREAM_GEOMETRIC)
         else:
-            inputs = np.asarray(jax.jit(world.encode_latents)(world.params, latents))
+            inputs = encode_inputs(world, latents, **memory)
             noise, key = FixedFlips(world.generator.num_concepts), stream_key(root, STREAM_SEMANTIC)
-        kinds[kind] = _Kind(inputs, noise, key, jax.jit(observe),
+        kinds[kind] = _Kind(inputs, noise, key, observe,
                             lambda params, x_clean, x_noisy, f=observe: f(params, x_noisy))
     return kinds
 
@@ -259,39 +268,62 @@ def run(
     k = world.generator.num_concepts
     check_budgets(job, k)
     out = Path(out)
-    open_run_dir(out, {"settings": job.settings(), "world": world.name})
+    check_writable(out)
+    with hold(out):
+        open_run_dir(out, {"settings": job.settings(), "world": world.name})
+        memory = dict(chunk_size=chunk_size, max_memory=max_memory)
+        pool = agreement_pool(world, job.seed, job.num_inputs, space="latent", **memory)
+        kinds = _kinds(world, job, pool.latents, jax.random.key(job.seed), memory)
+        blocks = [np.arange(s, min(s + job.batch, job.num_inputs))
+                  for s in range(0, job.num_inputs, job.batch)]
+        total, finished = len(job.budgets) * job.num_inputs, 0
+        for kind, value in job.budgets:
+            path = out / f"{budget_name(kind, value)}.jsonl"
+            done = {r["index"] for r in budget_records(path, job, pool.indices)}
+            spec = kinds[kind]
+            with path.open("a") as sink:
+                for rows in blocks:
+                    todo = [row for row in rows if int(pool.indices[row]) not in done]
+                    if todo:
+                        clean = map_inputs(spec.clean, world.params, spec.inputs[rows], **memory)
+                        perturbed = map_samples(
+                            spec.perturbed, world.params, spec.inputs[rows], spec.noise, value,
+                            spec.key, job.samples, indices=pool.indices[rows], **memory,
+                        )
+                        for record in _records(job, pool, rows, clean, perturbed):
+                            if record["index"] not in done:
+                                sink.write(json_line(record))
+                        sink.flush()
+                    finished += len(rows)
+                    if progress:
+                        progress(finished, total)
 
-    pool = agreement_pool(world, job.seed, job.num_inputs, space="latent")
-    kinds = _kinds(world, job, pool.latents, jax.random.key(job.seed))
-    blocks = [np.arange(s, min(s + job.batch, job.num_inputs))
-              for s in range(0, job.num_inputs, job.batch)]
-    total, finished = len(job.budgets) * job.num_inputs, 0
-    for kind, value in job.budgets:
-        path = out / f"{budget_name(kind, value)}.jsonl"
-        done = {r["index"] for r in read_records(path)}
-        spec = kinds[kind]
-        with path.open("a") as sink:
-            for rows in blocks:
-                todo = [row for row in rows if int(pool.indices[row]) not in done]
-                if todo:
-                    clean = jax.tree.map(np.asarray, spec.clean(world.params, spec.inputs[rows]))
-                    perturbed = map_samples(
-                        spec.perturbed, world.params, spec.inputs[rows], spec.noise, value,
-                        spec.key, job.samples, indices=pool.indices[rows],
-                        chunk_size=chunk_size, max_memory=max_memory,
-                    )
-                    for record in _records(job, pool, rows, clean, perturbed):
-                        if record["index"] not in done:
-                            sink.write(json.dumps(record) + "\n")
-                    sink.flush()
-                finished += len(rows)
-                if progress:
-                    progress(finished, total)
+        result = summarize(out, job, pool.indices, k)
+        result.summary["pool"] = {"agreement_inputs": job.num_inputs,
+                                  "pool_size": pool.pool_size}
+        write_json(out / SUMMARY, result.summary)
+        return result
 
-    result = summarize(out, job, pool.indices, k)
-    result.summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
-    (out / SUMMARY).write_text(json.dumps(result.summary, indent=2) + "\n")
-    return result
+
+def budget_records(path: Path, job: PerturbJob, indices) -> list[dict]:
+    """The checked records of one budget file: one per agreement input of the run.
+
+    Raises `RecordsError` for a malformed line, an index that is not an input of the run, a
+    record missing a model's prediction, or two different records for one input.
+    """
+    indices = set(map(int, indices))
+    models = list(job.models)
+
+    def check(record: dict) -> None:
+        check_field(record, "index", indices, "an input of this run")
+        for where in (record["clean"]["pred"], *(s["pred"] for s in record["samples"])):
+            if sorted(where) != sorted(models):
+                raise ValueError(f"predictions for {sorted(where)}, the run's models are "
+                                 f"{sorted(models)}")
+        if len(record["samples"]) != job.samples:
+            raise ValueError(f"{len(record['samples'])} samples, the run draws {job.samples}")
+
+    return read_records(path, key=lambda r: r["index"], check=check)
 
 
 def measurement(records: Sequence[dict], job: PerturbJob, kind: str, value: float,
@@ -336,8 +368,8 @@ def summarize(out: str | Path, job: PerturbJob, agreement_indices: np.ndarray,
     expected = set(map(int, agreement_indices))
     measurements = []
     for kind, value in job.budgets:
-        records = read_records(out / f"{budget_name(kind, value)}.jsonl")
-        if {r["index"] for r in records} != expected or len(records) != len(expected):
+        records = budget_records(out / f"{budget_name(kind, value)}.jsonl", job, expected)
+        if {r["index"] for r in records} != expected:
             raise ValueError(f"{out}: records of {budget_name(kind, value)} do not cover the "
                              f"{len(expected)} agreement inputs exactly once; rerun to finish")
         measurements.append(measurement(records, job, kind, value, num_concepts))
