@@ -38,6 +38,10 @@ its source; the classifiers are the already converted, sha256-checked orbax dire
                      "std": [0.229, 0.224, 0.225]}
     }
 
+Every path is relative to the world directory and stays inside it: absolute paths and ``..``
+components are refused (symbolic links inside the directory are followed). ``network`` must
+name a pickled ``Generator`` (``G_ema`` or ``G`` in NVlabs snapshots).
+
 Classifier roles: ``std`` (a torchvision ResNet/DenseNet) and ``cbm`` (a PCBM) are required,
 ``cbmh`` (a PCBM-h) and ``proto`` (a PixPNet) optional. Every classifier must output
 ``len(class_names)`` logits. ``preprocess`` maps the generated image ``g(z)`` in [0, 1] to the
@@ -154,12 +158,20 @@ def _check_keys(section: str, value: Any, required: set[str], optional: set[str]
 
 
 def _file(root: Path, section: str, key: str, value: Any, directory: bool = False) -> Path:
-    """An existing file (or directory) given relative to the world directory."""
+    """An existing file (or directory) given relative to the world directory.
+
+    The path as written must stay inside the directory: no absolute path, no ``..`` component
+    (a manifest from elsewhere cannot reach ``../../home/...``). Symbolic links the directory
+    itself contains are followed, so large checkpoints can be linked in rather than copied.
+    """
     if not isinstance(value, str) or not value:
         raise ValueError(f"{_where(section, key)}={value!r}; expected a path relative to {root}")
     if Path(value).is_absolute():
         raise ValueError(f"{_where(section, key)}={value!r}; paths must be relative to the "
                          "world directory so that it can be moved")
+    if ".." in Path(value).parts:
+        raise ValueError(f"{_where(section, key)}={value!r}; paths must stay inside the world "
+                         "directory ('..' is not allowed)")
     path = (root / value).resolve()
     exists = path.is_dir() if directory else path.is_file()
     if not exists:
@@ -194,10 +206,14 @@ def _parse_generator(root: Path, raw: Any) -> dict[str, Any]:
     if kind == "stylegan2":
         cutoff = section.get("truncation_cutoff")
         class_index = section.get("class_index")  # checked against c_dim once converted
+        network = section.get("network", "G_ema")  # checked against the pickle once read
+        if not isinstance(network, str) or not network:
+            raise ValueError(f"{_where('generator', 'network')}={network!r}; expected the key of "
+                             "a generator in the pickle (e.g. 'G_ema')")
         return {
             "kind": kind,
             "pickle": _file(root, "generator", "pickle", section["pickle"]),
-            "network": str(section.get("network", "G_ema")),
+            "network": network,
             "truncation_psi": _number("generator", "truncation_psi",
                                       section.get("truncation_psi", 1.0), 0.0, 1.0, True),
             "truncation_cutoff": None if cutoff is None
@@ -355,7 +371,7 @@ def _convert_generator(spec: WorldSpec) -> Generator:
         from cbcert.convert.stylegan2 import load_stylegan2
         from cbcert.generators.stylegan2 import stylegan2_generator
 
-        model = load_stylegan2(gen["pickle"], gen["network"])
+        model = load_stylegan2(gen["pickle"], gen["network"], _where("generator", "network"))
         _check_stylegan2_class(gen, model.config.c_dim)
         cbae = load_cbae(spec.cbae["checkpoint"], spec.cbae["config"])
         return stylegan2_generator(model, cbae, gen["truncation_psi"], gen["truncation_cutoff"],

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import re
 import sys
+import traceback
 import types
 
 import jax
@@ -54,8 +56,9 @@ BINS, TYPES = [2, 2, 2, 4], ["bin", "bin", "bin", "cat"]  # K = 3 concepts, U = 
 CLASSES = ["cat", "dog"]
 
 
-def write_stylegan2_pickle(path, **kwargs):
-    """The tiny reference StyleGAN2 (``kwargs``: e.g. ``c_dim``) pickled at ``path``."""
+def write_stylegan2_pickle(path, extra=None, **kwargs):
+    """The tiny reference StyleGAN2 (``kwargs``: e.g. ``c_dim``) pickled at ``path`` as ``G`` and
+    ``G_ema``, with ``D = None`` and the ``extra`` entries."""
     reference = sg_ref.Generator(z_dim=12, w_dim=DW, resolution=RESOLUTION,
                                  channels=sg_ref.CHANNELS, clamp=sg_ref.CLAMP, mapping_layers=2,
                                  seed=0, **kwargs).eval()
@@ -64,7 +67,8 @@ def write_stylegan2_pickle(path, **kwargs):
         patch.setitem(sys.modules, "torch_utils.persistence", sg_ref.persistence)
         patch.setitem(sys.modules, "dnnlib", types.ModuleType("dnnlib"))
         patch.setitem(sys.modules, "dnnlib.util", sg_ref.dnnlib_util)
-        path.write_bytes(pickle.dumps({"G": reference, "D": None, "G_ema": reference}))
+        path.write_bytes(pickle.dumps({"G": reference, "D": None, "G_ema": reference,
+                                       **(extra or {})}))
     return reference
 
 
@@ -386,3 +390,63 @@ def test_train_cbae_then_certify_concepts_on_the_biggan_world(world_dir, tmp_pat
                                            "--concept-classifier", str(parts / "two"),
                                            "--concepts", "a,b", "--out", str(tmp_path / "y")])
     assert result.exit_code == 2 and "already has a CB-AE" in result.output
+
+
+def run_latent(world: str, out) -> tuple[int, str]:
+    """``certify latent`` on a world, small enough to finish fast if the world loads."""
+    result = CliRunner().invoke(cli.main, ["latent", "--sigma", "0.1", "--inputs", "1", "--n", "10",
+                                           "--n0", "5", "--batch", "2", "--models", "std,cbm",
+                                           "--world", world, "--out", str(out), "--quiet"])
+    output = result.output + ("".join(traceback.format_exception(result.exception))
+                              if result.exit_code == 1 else "")
+    return result.exit_code, output
+
+
+@pytest.mark.parametrize("section,key,target,message", [
+    ("generator", "pickle", "g.pkl", "paths must stay inside the world directory"),
+    ("cbae", "config", "cbae.yaml", "paths must stay inside the world directory"),
+    ("classifiers", "std", "std", "paths must stay inside the world directory"),
+    ("generator", "pickle", "/g.pkl", "paths must be relative to the world directory"),
+])
+def test_manifest_paths_cannot_leave_the_world_directory(world_dir, tmp_path, section, key,
+                                                         target, message):
+    """``../`` reaching a real file outside (here: the original world's parts) is refused."""
+    root = tmp_path / "copy"
+    outside = (str(world_dir / target.lstrip("/")) if target.startswith("/")
+               else os.path.relpath(world_dir / target, root))
+    path = with_manifest(root, world_dir, lambda m: m[section].update({key: outside}))
+    assert os.path.exists(root / outside)  # a real file: only the rule keeps it out
+    code, output = run_latent(path, tmp_path / "run")
+    assert code == 2, output
+    flat = " ".join(output.split())
+    assert "Traceback" not in output and f"{section}.{key}={outside!r}; {message}" in flat
+
+
+class AugmentPipe(sg_ref.Persistent):
+    """A persistent network that is not a generator (NVlabs snapshots' ``augment_pipe``)."""
+
+    def __init__(self):
+        self.p = 0.0
+
+
+@pytest.mark.parametrize("network,message", [
+    ("D", "generator.network='D': g2.pkl holds a NoneType there, not a StyleGAN2 generator; "
+          "its generators: 'G', 'G_ema'"),
+    ("augment_pipe", "generator.network='augment_pipe': g2.pkl holds a "
+                     "training.networks.AugmentPipe there"),
+    ("training_set_kwargs", "generator.network='training_set_kwargs': g2.pkl holds a "
+                            "EasyDict there"),
+    ("note", "generator.network='note': g2.pkl holds a str there"),
+    ("<not a network>", "generator.network='<not a network>': g2.pkl has no such key, not a "
+                        "StyleGAN2 generator; its generators: 'G', 'G_ema'"),
+    (7, "generator.network=7; expected the key of a generator in the pickle"),
+])
+def test_network_must_name_a_generator(world_dir, tmp_path, network, message):
+    root = with_manifest(tmp_path / "w", world_dir,
+                         lambda m: m["generator"].update(pickle="g2.pkl", network=network))
+    write_stylegan2_pickle(tmp_path / "w" / "g2.pkl", extra={
+        "augment_pipe": AugmentPipe(), "note": "<not a network>",
+        "training_set_kwargs": sg_ref.EasyDict(resolution=RESOLUTION)})
+    code, output = run_latent(root, tmp_path / "run")
+    assert code == 2, output
+    assert "Traceback" not in output and message in " ".join(output.split())

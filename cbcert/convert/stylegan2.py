@@ -38,7 +38,7 @@ from cbcert.convert.common import (
     fill_module,
     linear_entries,
 )
-from cbcert.convert.pickles import RestrictedUnpickler
+from cbcert.convert.pickles import RestrictedUnpickler, StorageType
 from cbcert.generators.stylegan2 import ARCHITECTURES, StyleGAN2, StyleGAN2Config
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch's legacy (non-zip) serialisation magic number
@@ -84,10 +84,13 @@ class _LegacyStorageUnpickler(RestrictedUnpickler):
         if not (isinstance(pid, tuple) and len(pid) == 6 and pid[0] == "storage"):
             raise ValueError(f"{self._source}: unexpected persistent id {pid!r}")
         _, storage_type, key, _location, numel, view = pid
-        if view is not None or not hasattr(storage_type, "dtype"):
+        if view is not None or not isinstance(storage_type, StorageType):
             raise ValueError(f"{self._source}: unsupported storage {key!r} ({storage_type!r}, "
                              f"view {view!r})")
-        return _PendingStorage(str(key), storage_type.dtype, int(numel))
+        if not isinstance(numel, int) or isinstance(numel, bool) or numel < 0:
+            raise ValueError(f"{self._source}: storage {key!r} declares {numel!r} elements; "
+                             "allowed: integers >= 0")
+        return _PendingStorage(str(key), storage_type.dtype, numel)
 
 
 def _load_storage_bytes(blob: bytes, source: str) -> np.ndarray:
@@ -117,6 +120,9 @@ def _load_storage_bytes(blob: bytes, source: str) -> np.ndarray:
         raise ValueError(f"{source}: storage {pending.key!r} has {count} elements, "
                          f"expected {pending.numel}")
     data = handle.read(count * pending.dtype.itemsize)
+    if len(data) != count * pending.dtype.itemsize:
+        raise ValueError(f"{source}: storage {pending.key!r} of {count} elements holds only "
+                         f"{len(data)} bytes")
     return np.frombuffer(data, dtype=pending.dtype.newbyteorder("<"), count=count).astype(
         pending.dtype)
 
@@ -355,10 +361,37 @@ def stylegan2_from_pickle(g: PersistentObject) -> StyleGAN2:
     return stylegan2_from_state_dict(config_from_pickle(g), module_tensors(g))
 
 
-def load_stylegan2(path: str | pathlib.Path, network: str = "G_ema") -> StyleGAN2:
-    """Read ``network`` (default the EMA generator ``G_ema``) of a stylegan2-ada-pytorch pickle."""
+def _is_generator(value: Any) -> bool:
+    # NVlabs' persistence stores the bare class name ("Generator"); accept a qualified one too.
+    return (isinstance(value, PersistentObject)
+            and value.class_name.rsplit(".", 1)[-1] == "Generator")
+
+
+def load_stylegan2(path: str | pathlib.Path, network: str = "G_ema",
+                   setting: str = "network") -> StyleGAN2:
+    """Read ``network`` (default the EMA generator ``G_ema``) of a stylegan2-ada-pytorch pickle.
+
+    Args:
+      path: the ``.pkl``.
+      network: key of the generator in the pickle's dict (``G_ema`` or ``G``).
+      setting: how the caller's user spelled ``network`` (e.g. ``"world.json: generator.network"``),
+        for error messages.
+
+    Raises:
+      ValueError: an unreadable pickle, or ``network`` not naming a pickled ``Generator`` (the
+        message lists the generators the pickle holds).
+    """
     data = load_snapshot(path)
-    if network not in data:
-        raise ValueError(f"network={network!r}; {path} holds {sorted(map(str, data))}")
+    if not _is_generator(data.get(network)):
+        generators = ", ".join(repr(str(k)) for k, v in data.items() if _is_generator(v))
+        if network not in data:
+            found = "has no such key"
+        else:
+            value = data[network]
+            kind = (value.class_name if isinstance(value, PersistentObject)
+                    else type(value).__name__)
+            found = f"holds a {kind} there"
+        raise ValueError(f"{setting}={network!r}: {pathlib.Path(path).name} {found}, not a "
+                         f"StyleGAN2 generator; its generators: {generators or 'none'}")
     return stylegan2_from_pickle(data[network])
 

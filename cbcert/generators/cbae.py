@@ -11,8 +11,9 @@ which gives a frozen StyleGAN2 the split ``g = g2 ∘ D ∘ E ∘ g1`` of SPEC �
   tiled to the ``num_ws`` layers.
 
 Upstream logits are grouped by the config's concept bins; a binary concept's bin holds
-``[absent, present]`` (index 1 = concept on, as in upstream's class lists), and the trailing
-``"cat"`` group is the unsupervised ("unknown") part. cbcert's layout (docs/DESIGN.md) is
+``[absent, present]`` (index 1 = concept on, as in upstream's class lists), and the groups after
+the named (supervised) ones -- upstream's trailing ``"cat"`` group -- are the unsupervised part
+(``CBAEConfig.from_upstream`` says how names pair with bins). cbcert's layout (docs/DESIGN.md) is
 ``[c0+, c0−, c1+, c1−, ..., u]``, so the two differ by swapping inside every pair -- an
 involution, applied on the way out of E and on the way into D.
 
@@ -76,26 +77,52 @@ class CBAEConfig:
                       concept_names: Sequence[str], types: Sequence[str]) -> CBAEConfig:
         """Config from upstream's ``model`` section (``latent_noise_dim``, ``num_ws``, concepts).
 
-        Every group of type ``"bin"`` must have 2 bins; at most one ``"cat"`` group is allowed,
-        and only last: it is the unsupervised part (cbcert certifies binary concepts only).
+        How upstream pairs the lists (posthoc-generative-cbm ``models/basic.py``): it supervises
+        the first ``K = len(concept_names)`` groups of ``concept_bins``, one fewer when the names
+        contain ``"unknown"`` (which must then be the last name); ``concept_names[i]`` and
+        ``types[i]`` describe group ``i < K`` and later entries of ``types`` are never read.
+        The groups after the K-th are never supervised: together they are the unsupervised part
+        ``u``, ``U = sum(concept_bins[K:])``. Upstream's configs come in three shapes:
+
+        * names end with ``"unknown"``, all three lists equally long (CelebA-HQ: 9, 9, 9):
+          K = 8 concepts, U = the last group;
+        * names without ``"unknown"``, one name fewer than groups (CUB: 10 names, 11 bins and
+          types): K = 10, U = the trailing ``"cat"`` group of 40;
+        * names without ``"unknown"``, as many as groups (the ``cc_*`` concept classifier
+          configs: 8, 8, 8): K = 8, U = 0.
+
+        cbcert certifies binary concepts only: each supervised group must be of type ``"bin"``
+        with 2 bins (``[absent, present]``); a supervised ``"cat"`` or ``"cont"`` group (none of
+        upstream's configs has one) is refused, naming it.
+
+        Raises:
+          ValueError: more supervised names than groups, too few types, ``"unknown"`` before the
+            last name, a bin count < 1, or a supervised group that is not binary.
         """
         bins, names, kinds = list(concept_bins), list(concept_names), list(types)
-        if not len(bins) == len(names) == len(kinds):
-            raise ValueError(f"concept_bins, concept_names and types have lengths {len(bins)}, "
-                             f"{len(names)}, {len(kinds)}; they must be equal")
-        binary = []
-        num_unsup = 0
-        for i, (size, name, kind) in enumerate(zip(bins, names, kinds, strict=True)):
-            if kind == "bin" and size == 2:
-                binary.append(name)
-            elif kind == "cat" and i == len(bins) - 1:
-                num_unsup = size
-            else:
+        if "unknown" in names[:-1]:
+            raise ValueError(f"concept_names has 'unknown' at position {names.index('unknown')}; "
+                             "upstream treats it as the unsupervised group only as the last name")
+        num_concepts = len(names) - (names[-1:] == ["unknown"])
+        if num_concepts > len(bins):
+            raise ValueError(f"concept_names names {num_concepts} supervised concepts but "
+                             f"concept_bins has only {len(bins)} groups")
+        if len(kinds) < num_concepts:
+            raise ValueError(f"types has {len(kinds)} entries; the {num_concepts} supervised "
+                             "concepts need one each")
+        for i, size in enumerate(bins):
+            if size < 1:
+                raise ValueError(f"concept_bins[{i}]={size}; allowed: integers >= 1")
+        supervised = zip(bins[:num_concepts], names[:num_concepts], kinds[:num_concepts],
+                         strict=True)
+        for i, (size, name, kind) in enumerate(supervised):
+            if kind != "bin" or size != 2:
                 raise ValueError(f"concept group {i} ({name!r}): type={kind!r}, bins={size}; "
-                                 "allowed: type 'bin' with 2 bins, or type 'cat' for the last "
-                                 "(unsupervised) group only")
-        return cls(latent_dim=latent_dim, num_ws=num_ws, concept_names=tuple(binary),
-                   num_unsup=num_unsup)
+                                 "cbcert certifies binary concepts: every supervised group must "
+                                 "be type 'bin' with 2 bins")
+        return cls(latent_dim=latent_dim, num_ws=num_ws,
+                   concept_names=tuple(names[:num_concepts]),
+                   num_unsup=sum(bins[num_concepts:]))
 
 
 class _Block(nnx.Module):
