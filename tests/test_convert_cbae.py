@@ -3,7 +3,8 @@
 The PyTorch reference is written here from the paper's description of the CB-AE (Kulkarni et
 al., CVPR 2025): mean over the per-layer latents, ``3 × [Linear, LeakyReLU(0.1), BatchNorm1d]``
 then a Linear, mirrored for the decoder, whose output is tiled over the layers. Its state_dict
-key names are upstream's ``nn.Sequential`` indices. Every weight and BN statistic is random.
+key names are upstream's ``nn.Sequential`` indices. Every weight and BN statistic is random. The
+port runs in float32 and is compared with the reference in float64 (``parity.assert_parity``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 nn = torch.nn
 
+from parity import assert_parity, float64_copy  # noqa: E402
+
 from cbcert.convert import cbae as convert  # noqa: E402
 from cbcert.generators.cbae import CBAEConfig, swap_intervention, swap_pairs  # noqa: E402
 
-TOLERANCE = 1e-5
 DW, NUM_WS, BATCH = 32, 5, 6
 BINS = [2, 2, 2, 4]  # three binary concepts and an unsupervised group of 4
 NAMES = ["smiling", "male", "glasses", "unknown"]
@@ -77,6 +79,19 @@ def reference():
 
 
 @pytest.fixture(scope="module")
+def reference64(reference):
+    return float64_copy(reference)
+
+
+def to_cbcert(logits: np.ndarray) -> np.ndarray:
+    """Upstream concept logits -> cbcert's layout: ``[c+, c−]`` pairs (upstream index 1 is
+    "present"), then the unsupervised block."""
+    out = logits.copy()
+    out[:, 0:6:2], out[:, 1:6:2] = logits[:, 1:6:2], logits[:, 0:6:2]
+    return out
+
+
+@pytest.fixture(scope="module")
 def config():
     return CBAEConfig.from_upstream(DW, NUM_WS, BINS, NAMES, TYPES)
 
@@ -99,39 +114,45 @@ def test_config_rejects_unsupported_groups(bins, types):
         CBAEConfig.from_upstream(DW, NUM_WS, bins, NAMES, types)
 
 
-def test_encoder_decoder_parity(reference, ported):
+def test_encoder_decoder_parity(reference, reference64, ported):
     rng = np.random.default_rng(1)
     ws = rng.normal(size=(BATCH, NUM_WS, DW)).astype(np.float32)
     with torch.no_grad():
         logits = reference.enc(torch.from_numpy(ws)).numpy()
+        logits64 = reference64.enc(torch.from_numpy(ws).double()).numpy()
+        # Both decoders read the float32 logits: the port decodes the same numbers.
         decoded = reference.dec(torch.from_numpy(logits)).numpy()
+        decoded64 = reference64.dec(torch.from_numpy(logits).double()).numpy()
     ours = np.asarray(ported.encode_upstream(jnp.asarray(ws)))
-    np.testing.assert_allclose(ours, logits, atol=TOLERANCE, rtol=0)
+    assert_parity(ours, logits64, logits, "cbae encoder")
     ours_dec = np.asarray(ported.decode_upstream(jnp.asarray(logits)))
-    np.testing.assert_allclose(ours_dec, decoded, atol=TOLERANCE, rtol=0)
+    assert_parity(ours_dec, decoded64, decoded, "cbae decoder")
     assert np.abs(logits).max() > 0.1  # the comparison is not between near-zero outputs
 
     # cbcert layout: [c+, c−] pairs (upstream index 1 = present), then u; flat w.
     c = np.asarray(ported.encode(jnp.asarray(ws.reshape(BATCH, -1))))
-    np.testing.assert_allclose(c[:, 0:6:2], logits[:, 1:6:2], atol=TOLERANCE, rtol=0)
-    np.testing.assert_allclose(c[:, 1:6:2], logits[:, 0:6:2], atol=TOLERANCE, rtol=0)
-    np.testing.assert_allclose(c[:, 6:], logits[:, 6:], atol=TOLERANCE, rtol=0)
-    w = np.asarray(ported.decode(jnp.asarray(c)))
-    np.testing.assert_allclose(w, decoded.reshape(BATCH, -1), atol=TOLERANCE, rtol=0)
+    assert_parity(c, to_cbcert(logits64), to_cbcert(logits), "cbae encode, cbcert layout")
+    w = np.asarray(ported.decode(jnp.asarray(to_cbcert(logits))))
+    assert_parity(w, decoded64.reshape(BATCH, -1), decoded.reshape(BATCH, -1),
+                  "cbae decode, cbcert layout")
 
 
 @pytest.mark.parametrize("value", [0, 1])
-def test_swap_intervention_and_blend_parity(reference, ported, config, value):
+def test_swap_intervention_and_blend_parity(reference, reference64, ported, config, value):
     rng = np.random.default_rng(2)
     ws = rng.normal(size=(BATCH, NUM_WS, DW)).astype(np.float32)
     concept, alpha = 1, 0.7
+
+    def blend(model, latent):
+        new = torch_swap(model.enc(latent), 2 * concept, value)
+        return ((1 - alpha) * latent + alpha * model.dec(new)).numpy().reshape(BATCH, -1)
+
     with torch.no_grad():
-        latent = torch.from_numpy(ws)
-        new = torch_swap(reference.enc(latent), 2 * concept, value)
-        expected = ((1 - alpha) * latent + alpha * reference.dec(new)).numpy()
+        expected = blend(reference, torch.from_numpy(ws))
+        expected64 = blend(reference64, torch.from_numpy(ws).double())
     got = np.asarray(ported.intervene(jnp.asarray(ws.reshape(BATCH, -1)), concept,
                                       bool(value), alpha))
-    np.testing.assert_allclose(got, expected.reshape(BATCH, -1), atol=TOLERANCE, rtol=0)
+    assert_parity(got, expected64, expected, f"cbae intervention value={value}")
     state = np.asarray(ported.encode(jnp.asarray(ws.reshape(BATCH, -1))))
     swapped = np.asarray(swap_intervention(jnp.asarray(state), concept, bool(value)))
     assert np.all((swapped[:, 2 * concept] > swapped[:, 2 * concept + 1]) == bool(value))

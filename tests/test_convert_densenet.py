@@ -1,6 +1,6 @@
 """Parity and strictness of the torchvision DenseNet converter (reference written in the test).
 
-Measured max |logit error| (float32, CPU, 40 px, batch 2): DenseNet-161 1e-7 at logit scale ~0.4.
+Ports run in float32 and are compared with the reference in float64 (``parity.assert_parity``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ torch = pytest.importorskip("torch")
 torch.set_num_threads(1)  # JAX already uses the cores; oversubscription makes torch ~100x slower
 nn = torch.nn
 
-from test_convert_resnet import images, randomize, state_dict_numpy, torch_forward  # noqa: E402
+from parity import assert_parity, float64_copy  # noqa: E402
+from test_convert_resnet import images, randomize, state_dict_numpy, torch_pair  # noqa: E402
 
 from cbcert.convert import common, torchvision  # noqa: E402
 from cbcert.models.densenet import DenseNetConfig  # noqa: E402
-
-TOLERANCE = 1e-4
 
 
 class TorchDenseLayer(nn.Module):
@@ -79,16 +78,17 @@ def torch_densenet161(seed: int) -> TorchDenseNet:
 def test_densenet161_logits_and_embedding_match_pytorch():
     reference = torch_densenet161(seed=1)
     model = torchvision.densenet_from_state_dict("densenet161", state_dict_numpy(reference))
-    x = images(2, 40, seed=2)  # 40 px gives an odd map (5 -> 2) in transition2
+    x = images(4, 40, seed=2)  # 40 px gives an odd map (5 -> 2) in transition2
     # One compilation for both outputs: DenseNet-161 takes seconds to compile on CPU.
     apply_fn, params = common.pure_apply(model, lambda m, x: (m(x), m.embed(x)))
     logits, embedding = jax.jit(apply_fn)(params, x)
-    expected = torch_forward(reference, x)
-    assert logits.shape == (2, 10)
-    assert np.abs(expected).max() > 0.1
-    np.testing.assert_allclose(np.asarray(logits), expected, atol=TOLERANCE, rtol=0)
-    np.testing.assert_allclose(np.asarray(embedding), torch_forward(reference.embed, x),
-                               atol=TOLERANCE, rtol=0)
+    reference64 = float64_copy(reference)
+    expected = torch_pair(reference, reference64, x)
+    assert logits.shape == (4, 10)
+    assert np.abs(expected[0]).max() > 0.1
+    assert_parity(logits, *expected, "densenet161 logits")
+    assert_parity(embedding, *torch_pair(reference.embed, reference64.embed, x),
+                  "densenet161 embedding")
 
 
 # A small DenseNet keeps the structural tests fast; DenseNet-161 itself is checked above.
@@ -119,8 +119,8 @@ def test_truncated_features_match_pytorch(small_densenet):
     x = images(2, 32, seed=4)
     features = np.asarray(jax.jit(lambda m, x: m.features(x))(model, x))
     assert features.shape == (2, 2, 2, config.feature_channels)
-    expected = torch_forward(reference.features[:8], x).transpose(0, 2, 3, 1)
-    np.testing.assert_allclose(features, expected, atol=TOLERANCE, rtol=0)
+    expected = torch_pair(reference.features[:8], float64_copy(reference).features[:8], x)
+    assert_parity(features, *(e.transpose(0, 2, 3, 1) for e in expected), "densenet transition2")
 
 
 def test_legacy_key_spelling_is_accepted(small_densenet):

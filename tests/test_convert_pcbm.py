@@ -3,12 +3,15 @@
 The reference modules are written here from the public structure of mertyg/post-hoc-cbm
 (``PosthocLinearCBM``: ``cavs``, ``intercepts``, ``norms``, ``classifier``; ``PosthocHybridCBM``:
 ``bottleneck``, ``residual_classifier``) and registered as ``models.pcbm_utils`` only while
-``torch.save`` pickles them, exactly as the upstream scripts do. Measured max |logit error|
-(float32 port vs float64 head, ResNet-18 backbone, 32 px): 3.6e-7 at logit scale ~2.
+``torch.save`` pickles them, exactly as the upstream scripts do. The backbone is a torchvision
+ResNet-18 or, as in post-hoc-cbm's CUB setup, pytorchcv's ``resnet18_cub`` (reference written
+here from pytorchcv's module structure, so its state_dict keys are pytorchcv's). Ports run in
+float32 and are compared with the whole reference in float64 (``parity.assert_parity``).
 """
 
 from __future__ import annotations
 
+import copy
 import pickle
 import sys
 import types
@@ -21,18 +24,28 @@ torch = pytest.importorskip("torch")
 torch.set_num_threads(1)  # JAX already uses the cores
 nn = torch.nn
 
-from test_convert_resnet import images, state_dict_numpy, torch_forward, torch_resnet  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+from parity import assert_parity, float64_copy  # noqa: E402
+from test_convert_resnet import (  # noqa: E402
+    images,
+    randomize,
+    state_dict_numpy,
+    torch_pair,
+    torch_resnet,
+)
 
-from cbcert.convert import common, convert, load_converted, pcbm, pickles  # noqa: E402
+from cbcert import cli  # noqa: E402
+from cbcert.convert import common, convert, load_converted, pcbm, pickles, pytorchcv  # noqa: E402
 
-TOLERANCE = 1e-4
 K, D = 7, 512  # concepts, ResNet-18 embedding width
+CUB_SIZE = 193  # the smallest input whose last feature map is 7x7 (odd: exercises the floors)
+CUB_WIDTH = 16  # concepts, classes: 2 images x 16 = the 32 outputs a parity check needs
 
 
 class PosthocLinearCBM(nn.Module):
-    def __init__(self, bank, weight: np.ndarray, bias: np.ndarray):
+    def __init__(self, bank, weight: np.ndarray, bias: np.ndarray, backbone_name="resnet18"):
         super().__init__()
-        self.backbone_name = "resnet18"
+        self.backbone_name = backbone_name
         self.cavs = torch.tensor(bank["vectors"]).float()
         self.intercepts = torch.tensor(bank["intercepts"]).float()
         self.norms = torch.norm(self.cavs, p=2, dim=1, keepdim=True)
@@ -47,9 +60,9 @@ class PosthocLinearCBM(nn.Module):
 
     def forward(self, emb):
         margins = ((self.cavs @ emb.T + self.intercepts) / self.norms).T
-        # The scikit-learn head is float64 (upstream evaluates it in scikit-learn); float64 is
-        # the exact reference for the float32 port.
-        return self.classifier(margins.to(self.classifier.weight.dtype)).float()
+        # The scikit-learn head is float64 (upstream evaluates it in scikit-learn); the output
+        # takes the embedding's dtype (float32, or float64 in a float64 reference).
+        return self.classifier(margins.to(self.classifier.weight.dtype)).to(emb.dtype)
 
 
 class PosthocHybridCBM(nn.Module):
@@ -93,9 +106,9 @@ def save_as_upstream(module: nn.Module, path) -> None:
                 sys.modules[name] = value
 
 
-def make_bank(seed: int) -> dict:
+def make_bank(seed: int, k: int = K) -> dict:
     rng = np.random.default_rng(seed)
-    names = [f"concept_{i}" for i in range(K)]
+    names = [f"concept_{i}" for i in range(k)]
     coefs = [rng.standard_normal((1, D)) * rng.uniform(0.1, 3.0) for _ in names]  # float64
     intercepts = [rng.standard_normal(1) for _ in names]
     pickled = {n: (c, 0.9, 0.8, b, {"max": np.float64(1.0), "pos_count": np.int64(50)})
@@ -119,13 +132,38 @@ def bank(tmp_path_factory):
     return bank, path
 
 
+def head_float64(head: nn.Module) -> nn.Module:
+    """``float64_copy`` of a PCBM head, including the bank tensors kept as plain attributes."""
+    head = float64_copy(head)
+    bottleneck = getattr(head, "bottleneck", head)
+    for name in ("cavs", "intercepts", "norms"):
+        setattr(bottleneck, name, getattr(bottleneck, name).double())
+    return head
+
+
+def head_float32(head: nn.Module) -> nn.Module:
+    """The head evaluated wholly in float32, its float64 scikit-learn weights rounded as the
+    float32 port's are, so that its float32 error includes that rounding."""
+    return copy.deepcopy(head).float()
+
+
 def reference_logits(backbone_model, head, x):
-    return torch_forward(lambda t: head(backbone_model.embed(t)), x)
+    """``(float64, float32)`` logits of the whole reference (backbone and head)."""
+    backbone64, head64 = float64_copy(backbone_model), head_float64(head)
+    head32 = head_float32(head)
+    return torch_pair(lambda t: head32(backbone_model.embed(t)),
+                      lambda t: head64(backbone64.embed(t)), x)
 
 
-def head_weights(outputs: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def margins(head, embedding):
+    """Concept margins ``(V e + b) / ||V||`` of a PCBM or PCBM-h head."""
+    bank = getattr(head, "bottleneck", head)
+    return ((bank.cavs @ embedding.T + bank.intercepts) / bank.norms).T
+
+
+def head_weights(outputs: int, seed: int, k: int = K) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return rng.standard_normal((outputs, K)), rng.standard_normal(outputs)  # float64
+    return rng.standard_normal((outputs, k)), rng.standard_normal(outputs)  # float64
 
 
 def test_pcbm_with_float64_head_matches_pytorch(backbone, bank, tmp_path):
@@ -135,15 +173,16 @@ def test_pcbm_with_float64_head_matches_pytorch(backbone, bank, tmp_path):
     model, checkpoint = pcbm.pcbm_from_checkpoints(tmp_path / "pcbm.ckpt", "resnet18", tensors,
                                                    concept_bank_path=bank[1])
     assert checkpoint.concept_names == tuple(bank[0]["names"]) and not checkpoint.hybrid
-    x = images(2, 32, seed=14)
+    x = images(16, 32, seed=14)
     apply_fn, params = common.pure_apply(model, lambda m, x: (m(x), m.concept_scores(x)))
     logits, scores = jax.jit(apply_fn)(params, x)
     expected = reference_logits(reference, head, x)
-    assert np.abs(expected).max() > 0.1
-    np.testing.assert_allclose(np.asarray(logits), expected, atol=TOLERANCE, rtol=0)
-    expected_scores = torch_forward(
-        lambda t: ((head.cavs @ reference.embed(t).T + head.intercepts) / head.norms).T, x)
-    np.testing.assert_allclose(np.asarray(scores), expected_scores, atol=TOLERANCE, rtol=0)
+    assert np.abs(expected[0]).max() > 0.1
+    assert_parity(logits, *expected, "pcbm logits")
+    reference64, head64 = float64_copy(reference), head_float64(head)
+    expected_scores = torch_pair(lambda t: margins(head, reference.embed(t)),
+                                 lambda t: margins(head64, reference64.embed(t)), x)
+    assert_parity(scores, *expected_scores, "pcbm concept scores")
 
 
 def test_binary_single_logit_becomes_zero_and_logit(backbone, bank, tmp_path):
@@ -151,12 +190,12 @@ def test_binary_single_logit_becomes_zero_and_logit(backbone, bank, tmp_path):
     head = PosthocLinearCBM(bank[0], *head_weights(1, seed=15)).eval()
     save_as_upstream(head, tmp_path / "binary.ckpt")
     model, _ = pcbm.pcbm_from_checkpoints(tmp_path / "binary.ckpt", "resnet18", tensors)
-    x = images(2, 32, seed=16)
+    x = images(32, 32, seed=16)
     logits = np.asarray(jax.jit(lambda m, x: m(x))(model, x))
-    single = reference_logits(reference, head, x)  # [B, 1]
-    assert logits.shape == (2, 2)
+    single = reference_logits(reference, head, x)  # [B, 1] each
+    assert logits.shape == (32, 2)
     np.testing.assert_array_equal(logits[:, 0], 0.0)
-    np.testing.assert_allclose(logits[:, 1:], single, atol=TOLERANCE, rtol=0)
+    assert_parity(logits[:, 1:], *single, "pcbm binary logit")
 
 
 def test_hybrid_matches_pytorch_and_round_trips(backbone, bank, tmp_path):
@@ -173,9 +212,9 @@ def test_hybrid_matches_pytorch_and_round_trips(backbone, bank, tmp_path):
     assert set(manifest["sources"]) == {"checkpoint", "backbone", "concept_bank"}
     apply_fn, params, loaded = load_converted(tmp_path / "out")
     assert loaded == manifest
-    x = images(2, 32, seed=19)
-    np.testing.assert_allclose(np.asarray(jax.jit(apply_fn)(params, x)),
-                               reference_logits(reference, hybrid, x), atol=TOLERANCE, rtol=0)
+    x = images(16, 32, seed=19)
+    assert_parity(jax.jit(apply_fn)(params, x), *reference_logits(reference, hybrid, x),
+                  "pcbm-h converted")
 
 
 def test_concept_bank_matches_reference_construction(bank):
@@ -227,3 +266,209 @@ def test_restricted_unpickler_refuses_foreign_globals(tmp_path, capsys):
     torch.save({"model": nn.Linear(2, 2)}, tmp_path / "module.pt")
     with pytest.raises(ValueError, match=r"torch\.nn\.modules\.linear\.Linear"):
         pickles.load_torch_zip(tmp_path / "module.pt")
+
+
+# ------------------------------------------------------------------ pytorchcv resnet18_cub backbone
+
+
+class TorchConvBlock(nn.Module):
+    """pytorchcv ``ConvBlock``: ``conv`` (no bias, padding k // 2), ``bn``, optional ReLU."""
+
+    def __init__(self, cin, cout, kernel, stride, activate=True):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+        self.activate = activate
+
+    def forward(self, x):
+        x = self.bn(self.conv(x))
+        return torch.relu(x) if self.activate else x
+
+
+class TorchResBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = TorchConvBlock(cin, cout, 3, stride)
+        self.conv2 = TorchConvBlock(cout, cout, 3, 1, activate=False)
+
+    def forward(self, x):
+        return self.conv2(self.conv1(x))
+
+
+class TorchResUnit(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.body = TorchResBlock(cin, cout, stride)
+        self.resize_identity = cin != cout or stride != 1
+        if self.resize_identity:
+            self.identity_conv = TorchConvBlock(cin, cout, 1, stride, activate=False)
+
+    def forward(self, x):
+        identity = self.identity_conv(x) if self.resize_identity else x
+        return torch.relu(self.body(x) + identity)
+
+
+class TorchInitBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = TorchConvBlock(3, 64, 7, 2)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+
+    def forward(self, x):
+        return self.pool(self.conv(x))
+
+
+class TorchPytorchcvResNet18(nn.Module):
+    """pytorchcv's ``resnet18_cub`` structure (same module names, so the same state_dict keys)."""
+
+    def __init__(self, num_classes=200):
+        super().__init__()
+        self.features = nn.Sequential()
+        self.features.add_module("init_block", TorchInitBlock())
+        cin = 64
+        for i in range(4):
+            stage = nn.Sequential()
+            cout = 64 * 2**i
+            for j in range(2):
+                stage.add_module(f"unit{j + 1}", TorchResUnit(cin, cout, 2 if j == 0 and i else 1))
+                cin = cout
+            self.features.add_module(f"stage{i + 1}", stage)
+        self.features.add_module("final_pool", nn.AvgPool2d(7, stride=1))
+        self.output = nn.Linear(cin, num_classes)
+
+    def embed(self, x):
+        """post-hoc-cbm's ``ResNetBottom``: every child but ``output``, flattened."""
+        return torch.flatten(self.features(x), 1)
+
+    def forward(self, x):
+        return self.output(self.embed(x))
+
+
+@pytest.fixture(scope="module")
+def cub():
+    """The reference, its tensors, 193 px images and the ``(float64, float32)`` embeddings."""
+    reference = TorchPytorchcvResNet18(num_classes=CUB_WIDTH)
+    randomize(reference, seed=51)
+    reference.eval()
+    reference64 = float64_copy(reference)
+    x = images(2, CUB_SIZE, seed=52)
+    return reference, state_dict_numpy(reference), x, torch_pair(reference.embed,
+                                                                  reference64.embed, x)
+
+
+def head_outputs(head, embeddings):
+    """``(float64, float32)`` head logits and margins on the reference's embeddings."""
+    head64, head32 = head_float64(head), head_float32(head)
+    with torch.no_grad():
+        e64, e32 = (torch.from_numpy(e) for e in embeddings)
+        return ((head64(e64).numpy(), head32(e32).numpy()),
+                (margins(head64, e64).numpy(), margins(head32, e32).numpy()))
+
+
+@pytest.fixture(scope="module")
+def cub_bank(tmp_path_factory):
+    bank = make_bank(seed=50, k=CUB_WIDTH)
+    path = tmp_path_factory.mktemp("cub_bank") / "cub_resnet18_cub_0.1_50.pkl"
+    with open(path, "wb") as handle:
+        pickle.dump(bank["pickle"], handle)
+    return bank, path
+
+
+def cub_head(bank, seed):
+    return PosthocLinearCBM(bank, *head_weights(CUB_WIDTH, seed, CUB_WIDTH),
+                            backbone_name="resnet18_cub")
+
+
+def test_pcbm_on_pytorchcv_resnet18_cub_matches_pytorch(cub, cub_bank, tmp_path):
+    reference, tensors, x, embeddings = cub
+    head = cub_head(cub_bank[0], seed=53)
+    save_as_upstream(head.eval(), tmp_path / "pcbm.ckpt")
+    model, checkpoint = pcbm.pcbm_from_checkpoints(tmp_path / "pcbm.ckpt", "resnet18_cub",
+                                                   tensors, concept_bank_path=cub_bank[1])
+    assert checkpoint.backbone_name == "resnet18_cub"
+    assert model.config.backbone_classes == CUB_WIDTH
+    apply_fn, params = common.pure_apply(
+        model, lambda m, x: (m(x), m.concept_scores(x), m.backbone(x)))
+    logits, scores, backbone_logits = jax.jit(apply_fn)(params, x)
+    expected_logits, expected_scores = head_outputs(head, embeddings)
+    assert np.abs(expected_logits[0]).max() > 0.1
+    assert_parity(logits, *expected_logits, "pcbm resnet18_cub logits")
+    assert_parity(scores, *expected_scores, "pcbm resnet18_cub concept scores")
+    # The backbone's own classifier (AvgPool2d(7) on the 7x7 map, then output) is kept intact.
+    assert_parity(backbone_logits, *torch_pair(reference, float64_copy(reference), x),
+                  "pytorchcv resnet18_cub logits")
+
+
+def test_pytorchcv_backbone_needs_a_7x7_feature_map(cub, cub_bank, tmp_path):
+    _, tensors, _, _ = cub
+    head = cub_head(cub_bank[0], seed=54)
+    save_as_upstream(head, tmp_path / "pcbm.ckpt")
+    model, _ = pcbm.pcbm_from_checkpoints(tmp_path / "pcbm.ckpt", "resnet18_cub", tensors)
+    apply_fn, params = common.pure_apply(model)
+    for size in (192, 224):  # shape inference only: 6x6 (wrong), 7x7 (right)
+        image = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
+        if size == 192:
+            with pytest.raises(ValueError, match=r"inputs of 192x192 px give 6x6\. Use 193\.\.224"):
+                jax.eval_shape(apply_fn, params, image)
+        else:
+            assert jax.eval_shape(apply_fn, params, image).shape == (1, CUB_WIDTH)
+
+
+def test_pytorchcv_keys_are_strict(cub):
+    _, tensors, _, _ = cub
+    tensors = dict(tensors)
+    tensors["features.stage5.unit1.body.conv1.conv.weight"] = np.zeros((1, 1, 3, 3), np.float32)
+    del tensors["features.stage3.unit2.body.conv2.bn.running_var"]
+    tensors["features.stage2.unit1.identity_conv.conv.weight"] = np.zeros((128, 64, 3, 3),
+                                                                          np.float32)
+    with pytest.raises(ValueError) as error:
+        pytorchcv.resnet_from_state_dict("resnet18_cub", tensors)
+    message = str(error.value)
+    assert "unknown keys (1)" in message
+    assert "features.stage5.unit1.body.conv1.conv.weight" in message
+    assert "missing keys (1)" in message
+    assert "features.stage3.unit2.body.conv2.bn.running_var" in message
+    assert ("features.stage2.unit1.identity_conv.conv.weight: checkpoint shape (128, 64, 3, 3), "
+            "architecture expects (128, 64, 1, 1)") in message
+    # stage1.unit1 keeps its identity (64 -> 64, stride 1): a projection there is unknown.
+    with pytest.raises(ValueError, match=r"unknown keys \(1\)[\s\S]*stage1\.unit1\.identity_conv"):
+        pytorchcv.resnet_from_state_dict("resnet18_cub", {
+            **cub[1], "features.stage1.unit1.identity_conv.conv.weight": np.zeros((64, 64, 1, 1))})
+    with pytest.raises(ValueError, match=r"name='resnet50_cub'; allowed: \['resnet18_cub'\]"):
+        pytorchcv.resnet_from_state_dict("resnet50_cub", cub[1])
+
+
+def test_backbone_family_mismatch_names_the_fix(cub, backbone, cub_bank, tmp_path):
+    head = cub_head(cub_bank[0], seed=55)
+    save_as_upstream(head, tmp_path / "pcbm.ckpt")
+    with pytest.raises(ValueError, match=r"backbone='resnet18' is a torchvision name, but the "
+                                         r"backbone state_dict has pytorchcv keys"):
+        pcbm.pcbm_from_checkpoints(tmp_path / "pcbm.ckpt", "resnet18", cub[1])
+    with pytest.raises(ValueError, match=r"backbone='resnet18_cub' is a pytorchcv name[\s\S]*"
+                                         r"pass backbone='resnet18'"):
+        pcbm.pcbm_from_checkpoints(tmp_path / "pcbm.ckpt", "resnet18_cub", backbone[1])
+    with pytest.raises(ValueError, match=r"backbone='vgg16'; allowed: .*'resnet18_cub'"):
+        pcbm.pcbm_from_checkpoints(tmp_path / "pcbm.ckpt", "vgg16", backbone[1])
+    # Through the backbone prefix, the strict table names pytorchcv keys in the PCBM's terms.
+    broken = {k: v for k, v in cub[1].items() if k != "features.init_block.conv.bn.weight"}
+    with pytest.raises(ValueError, match=r"missing keys \(1\)[\s\S]*"
+                                         r"backbone\.features\.init_block\.conv\.bn\.weight"):
+        pcbm.pcbm_from_checkpoints(tmp_path / "pcbm.ckpt", "resnet18_cub", broken)
+
+
+def test_cli_converts_a_pcbm_h_on_resnet18_cub(cub, cub_bank, tmp_path):
+    reference, _, x, embeddings = cub
+    hybrid = PosthocHybridCBM(cub_head(cub_bank[0], seed=56), seed=57)
+    hybrid = hybrid.float().eval()
+    save_as_upstream(hybrid, tmp_path / "pcbm-h.ckpt")
+    torch.save(reference.state_dict(), tmp_path / "resnet18_cub-2333-200d8b9c.pth")
+    result = CliRunner().invoke(cli.main, [
+        "convert", "pcbm", str(tmp_path / "pcbm-h.ckpt"), str(tmp_path / "out"),
+        "--backbone", "resnet18_cub", "--backbone-path",
+        str(tmp_path / "resnet18_cub-2333-200d8b9c.pth"), "--concept-bank", str(cub_bank[1])])
+    assert result.exit_code == 0, result.output
+    apply_fn, params, manifest = load_converted(tmp_path / "out")
+    assert manifest["config"]["backbone"] == "resnet18_cub"
+    assert manifest["upstream_backbone_name"] == "resnet18_cub"
+    expected, _ = head_outputs(hybrid, embeddings)
+    assert_parity(jax.jit(apply_fn)(params, x), *expected, "pcbm-h resnet18_cub converted")

@@ -3,7 +3,7 @@
 The PyTorch reference is written here from the public architecture description (torchvision
 cannot be imported beside torch 2.13 in this environment); its state_dict key names are exactly
 torchvision's. Every parameter and buffer is randomised, BN running statistics included.
-Measured max |logit error| (float32, CPU): ResNet-18 1.2e-7, ResNet-50 3.6e-7 at logit scale ~1.
+Ports run in float32 and are compared with the reference in float64 (``parity.assert_parity``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 torch.set_num_threads(1)  # JAX already uses the cores; oversubscription makes torch ~100x slower
 nn = torch.nn
 
+from parity import assert_parity, float64_copy  # noqa: E402
+
 from cbcert.convert import common, convert, load_converted, torchvision  # noqa: E402
 from cbcert.models.resnet import ResNetConfig  # noqa: E402
-
-TOLERANCE = 1e-4  # float32 logits; the realised error is ~300x smaller
 
 
 class TorchBasicBlock(nn.Module):
@@ -129,25 +129,33 @@ def images(batch: int, size: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((batch, size, size, 3)).astype(np.float32)
 
 
-def torch_forward(fn, x_nhwc: np.ndarray) -> np.ndarray:
+def torch_forward(fn, x_nhwc: np.ndarray, dtype=None) -> np.ndarray:
+    """``fn`` on NCHW ``x`` (cast to ``dtype``, e.g. ``torch.float64`` for a ``float64_copy``)."""
     with torch.no_grad():
-        return fn(torch.from_numpy(x_nhwc.transpose(0, 3, 1, 2).copy())).numpy()
+        x = torch.from_numpy(x_nhwc.transpose(0, 3, 1, 2).copy())
+        return fn(x if dtype is None else x.to(dtype)).numpy()
+
+
+def torch_pair(fn, fn64, x_nhwc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(float64, float32)`` reference outputs: ``fn64`` belongs to ``float64_copy(model)``."""
+    return torch_forward(fn64, x_nhwc, torch.float64), torch_forward(fn, x_nhwc)
 
 
 @pytest.mark.parametrize(("name", "size"), [("resnet18", 33), ("resnet50", 32)])
 def test_logits_and_embedding_match_pytorch(name, size):
     reference = torch_resnet(name, num_classes=10, seed=1)
     model = torchvision.resnet_from_state_dict(name, state_dict_numpy(reference))
-    x = images(2, size, seed=2)  # odd size 33 exercises the floor in strided convs and pooling
+    x = images(4, size, seed=2)  # odd size 33 exercises the floor in strided convs and pooling
     apply_fn, params = common.pure_apply(model)
     logits = np.asarray(jax.jit(apply_fn)(params, x))
-    expected = torch_forward(reference, x)
-    assert logits.shape == (2, 10)
-    assert np.abs(expected).max() > 0.1  # a degenerate (all-zero) network would prove nothing
-    np.testing.assert_allclose(logits, expected, atol=TOLERANCE, rtol=0)
+    reference64 = float64_copy(reference)
+    expected = torch_pair(reference, reference64, x)
+    assert logits.shape == (4, 10)
+    assert np.abs(expected[0]).max() > 0.1  # a degenerate (all-zero) network would prove nothing
+    assert_parity(logits, *expected, f"{name} logits")
     embed_fn, params = common.pure_apply(model, lambda m, x: m.embed(x))
-    np.testing.assert_allclose(np.asarray(jax.jit(embed_fn)(params, x)),
-                               torch_forward(reference.embed, x), atol=TOLERANCE, rtol=0)
+    assert_parity(jax.jit(embed_fn)(params, x), *torch_pair(reference.embed, reference64.embed, x),
+                  f"{name} embedding")
 
 
 def test_truncated_features_match_pytorch():
@@ -158,14 +166,16 @@ def test_truncated_features_match_pytorch():
     model = common.fill_module(torchvision.abstract_resnet(config), tensors, table, "resnet18")
     x = images(2, 32, seed=4)
 
-    def torch_layer2(t):
-        t = reference.maxpool(reference.relu(reference.bn1(reference.conv1(t))))
-        return reference.layer2(reference.layer1(t))
+    def torch_layer2(net):
+        def forward(t):
+            t = net.maxpool(net.relu(net.bn1(net.conv1(t))))
+            return net.layer2(net.layer1(t))
+        return forward
 
     features = np.asarray(jax.jit(lambda m, x: m.features(x))(model, x))
     assert features.shape == (2, 4, 4, config.feature_channels)
-    np.testing.assert_allclose(features, torch_forward(torch_layer2, x).transpose(0, 2, 3, 1),
-                               atol=TOLERANCE, rtol=0)
+    expected = torch_pair(torch_layer2(reference), torch_layer2(float64_copy(reference)), x)
+    assert_parity(features, *(e.transpose(0, 2, 3, 1) for e in expected), "resnet18 layer2")
 
 
 def test_max_pool_pads_with_minus_infinity():
@@ -218,9 +228,9 @@ def test_convert_writes_a_checked_checkpoint(tmp_path):
     assert manifest["kind"] == "resnet18" and manifest["config"]["num_classes"] == 10
     apply_fn, params, loaded = load_converted(tmp_path / "out")
     assert loaded == manifest
-    x = images(2, 32, seed=7)
-    np.testing.assert_allclose(np.asarray(jax.jit(apply_fn)(params, x)),
-                               torch_forward(reference, x), atol=TOLERANCE, rtol=0)
+    x = images(4, 32, seed=7)
+    assert_parity(jax.jit(apply_fn)(params, x), *torch_pair(reference, float64_copy(reference), x),
+                  "resnet18 converted")
     with pytest.raises(ValueError, match="kind='resnet19'; allowed"):
         convert("resnet19", tmp_path / "resnet18.pth", tmp_path / "other")
 

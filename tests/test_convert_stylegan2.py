@@ -15,7 +15,8 @@ its RGB to the up-sampled running image), "orig" (one ToRGB, after the last bloc
 second conv's gain and clamp scaled by ``1/√2``) -- and conditional generators (a label embedding
 normalised and concatenated to the normalised z before the mapping layers). The residual branch
 up-samples with a transposed convolution first and applies the 1×1 weights after, the reverse
-order of the port.
+order of the port. Ports run in float32 and are compared with references in float64
+(``parity.assert_parity``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ torch.set_num_threads(1)
 nn = torch.nn
 F = torch.nn.functional
 
+from parity import assert_parity  # noqa: E402
+
 from cbcert.convert import common  # noqa: E402
 from cbcert.convert import stylegan2 as convert  # noqa: E402
 from cbcert.generators import stylegan2 as sg  # noqa: E402
@@ -46,10 +49,6 @@ from cbcert.generators.cbae import CBAE, CBAEConfig  # noqa: E402
 
 SQRT2 = math.sqrt(2.0)
 SOURCE = "raise RuntimeError('the pickled class source must never be executed')"
-
-
-def tolerance(ref):
-    return 1e-4 * (1 + np.abs(ref).max())
 
 
 # ------------------------------------------------------------------ persistence stand-ins
@@ -306,12 +305,41 @@ class Generator(Persistent, nn.Module):
 
 CHANNELS = sg.channels_from_base(128, 16, 16)  # (16, 16, 8)
 CLAMP = 4.0  # low enough that the clamp is active on random weights
+MAIN = dict(z_dim=12, w_dim=10, resolution=16, channels=CHANNELS, clamp=CLAMP, mapping_layers=3,
+            seed=0)
+ARCHITECTURE = dict(z_dim=12, w_dim=10, resolution=16, channels=CHANNELS, clamp=CLAMP,
+                    mapping_layers=2)
+CONDITIONAL = dict(z_dim=6, w_dim=8, resolution=8, channels=(16, 8), clamp=CLAMP,
+                   mapping_layers=2, seed=9, c_dim=4)
+
+
+def float64_twin(generator: Generator, **kwargs) -> Generator:
+    """``generator``'s weights in a float64 ``Generator(**kwargs)`` (``copy.deepcopy`` would go
+    through the persistence ``__reduce__``)."""
+    twin = Generator(**kwargs).eval()
+    twin.load_state_dict(generator.state_dict())
+    return twin.double()
+
+
+def reference_outputs(reference, reference64, z, psi, cutoff, c=None):
+    """The reference's ws and images: ``ws32`` (a tensor), then ``(float64, float32)`` pairs of
+    ws and of images; both syntheses read ``ws32``, the ws the port is given."""
+    with torch.no_grad():
+        ws32 = reference.mapping(z, psi, cutoff, c=c)
+        ws64 = reference64.mapping(z.double(), psi, cutoff, c=None if c is None else c.double())
+        img32 = reference.synthesis(ws32).numpy().transpose(0, 2, 3, 1)
+        img64 = reference64.synthesis(ws32.double()).numpy().transpose(0, 2, 3, 1)
+    return ws32, (ws64.numpy(), ws32.numpy()), (img64, img32)
 
 
 @pytest.fixture(scope="module")
 def reference():
-    return Generator(z_dim=12, w_dim=10, resolution=16, channels=CHANNELS, clamp=CLAMP,
-                     mapping_layers=3, seed=0).eval()
+    return Generator(**MAIN).eval()
+
+
+@pytest.fixture(scope="module")
+def reference64(reference):
+    return float64_twin(reference, **MAIN)
 
 
 def write_snapshot(generator, path):
@@ -355,19 +383,24 @@ def architectures(tmp_path_factory):
     """"orig" and "resnet" references (16 px, blocks 4/8/16) and their snapshots."""
     out = {}
     for seed, arch in enumerate(("orig", "resnet"), start=5):
-        generator = Generator(z_dim=12, w_dim=10, resolution=16, channels=CHANNELS, clamp=CLAMP,
-                              mapping_layers=2, seed=seed, architecture=arch).eval()
-        out[arch] = generator, write_snapshot(generator, tmp_path_factory.mktemp(arch) / "g.pkl")
+        kwargs = dict(ARCHITECTURE, seed=seed, architecture=arch)
+        generator = Generator(**kwargs).eval()
+        out[arch] = (generator, float64_twin(generator, **kwargs),
+                     write_snapshot(generator, tmp_path_factory.mktemp(arch) / "g.pkl"))
     return out
 
 
 @pytest.fixture(scope="module")
 def conditional(tmp_path_factory):
     """A conditional (c_dim=4) 8 px reference and its port."""
-    generator = Generator(z_dim=6, w_dim=8, resolution=8, channels=(16, 8), clamp=CLAMP,
-                          mapping_layers=2, seed=9, c_dim=4).eval()
+    generator = Generator(**CONDITIONAL).eval()
     path = write_snapshot(generator, tmp_path_factory.mktemp("cond") / "g.pkl")
     return generator, convert.load_stylegan2(path)
+
+
+@pytest.fixture(scope="module")
+def conditional64(conditional):
+    return float64_twin(conditional[0], **CONDITIONAL)
 
 
 # ------------------------------------------------------------------ op tests
@@ -382,34 +415,43 @@ def nvlabs_rows(full, fh, pad0, out_len):
     return out
 
 
-@pytest.mark.parametrize("up,padding,taps", [(2, (2, 1, 2, 1), 4), (1, (2, 0, 1, 3), 3),
-                                              (2, (0, -1, 1, 0), 5)])
-def test_upfirdn2d_matches_scipy(up, padding, taps):
-    rng = np.random.default_rng(0)
-    h, w = 5, 6
-    x = rng.normal(size=(h, w))
-    fy, fx = rng.uniform(0.1, 1, taps), rng.uniform(0.1, 1, taps)  # asymmetric taps
+def upfirdn_scipy(x, fy, fx, up, padding):
+    """NVlabs' upfirdn2d of ``x[H, W]`` from scipy's 1-D ``upfirdn`` along each axis (computed
+    in the arrays' dtype)."""
+    (h, w), taps = x.shape, len(fy)
     px0, px1, py0, py1 = padding
-    ours = np.asarray(sg.upfirdn2d(jnp.asarray(x[None, :, :, None], jnp.float32),
-                                   jnp.asarray(np.outer(fy, fx), jnp.float32), up, padding,
-                                   gain=1.0))[0, :, :, 0]
     full = scipy.signal.upfirdn(fy, x, up=up, axis=0)
     full = np.pad(full, ((0, h * up + taps - 1 - full.shape[0]), (0, 0)))
     full = scipy.signal.upfirdn(fx, full, up=up, axis=1)
     full = np.pad(full, ((0, 0), (0, w * up + taps - 1 - full.shape[1])))
     rows = nvlabs_rows(full, taps, py0, h * up + py0 + py1 - taps + 1)
-    expected = nvlabs_rows(rows.T, taps, px0, w * up + px0 + px1 - taps + 1).T
+    return nvlabs_rows(rows.T, taps, px0, w * up + px0 + px1 - taps + 1).T
+
+
+@pytest.mark.parametrize("up,padding,taps", [(2, (2, 1, 2, 1), 4), (1, (2, 0, 1, 3), 3),
+                                              (2, (0, -1, 1, 0), 5)])
+def test_upfirdn2d_matches_scipy(up, padding, taps):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5, 6)).astype(np.float32)
+    fy = rng.uniform(0.1, 1, taps).astype(np.float32)  # asymmetric taps
+    fx = rng.uniform(0.1, 1, taps).astype(np.float32)
+    ours = np.asarray(sg.upfirdn2d(jnp.asarray(x[None, :, :, None]),
+                                   jnp.asarray(np.outer(fy, fx)), up, padding,
+                                   gain=1.0))[0, :, :, 0]
+    expected = upfirdn_scipy(*(a.astype(np.float64) for a in (x, fy, fx)), up, padding)
     assert ours.shape == expected.shape
-    np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=0)
+    assert_parity(ours, expected, upfirdn_scipy(x, fy, fx, up, padding),
+                  f"upfirdn2d up={up} taps={taps}")
 
 
 def test_upsample2d_matches_transposed_conv():
     g = torch.Generator().manual_seed(1)
     x, f = torch.randn(2, 3, 5, 5, generator=g), random_filter(g)
     expected = upsample_reference(x, f).numpy().transpose(0, 2, 3, 1)
+    expected64 = upsample_reference(x.double(), f.double()).numpy().transpose(0, 2, 3, 1)
     ours = np.asarray(sg.upsample2d(jnp.asarray(x.numpy().transpose(0, 2, 3, 1)),
                                     jnp.asarray(f.numpy())))
-    np.testing.assert_allclose(ours, expected, atol=tolerance(expected), rtol=0)
+    assert_parity(ours, expected64, expected, "upsample2d")
 
 
 @pytest.mark.parametrize("up,demodulate,k,taps", [(1, True, 3, 4), (2, True, 3, 4),
@@ -423,13 +465,16 @@ def test_modulated_conv2d_matches_grouped_conv(up, demodulate, k, taps):
     styles = torch.randn(3, 4, generator=g) + 1
     f = random_filter(g, taps)
     expected = modconv_reference(x, weight, styles, demodulate, up, f).numpy()
+    expected64 = modconv_reference(x.double(), weight.double(), styles.double(), demodulate, up,
+                                   f.double()).numpy().transpose(0, 2, 3, 1)
     ours = sg.modulated_conv2d(jnp.asarray(x.numpy().transpose(0, 2, 3, 1)),
                                jnp.asarray(weight.numpy().transpose(2, 3, 1, 0)),
                                jnp.asarray(styles.numpy()), demodulate, up,
                                jnp.asarray(f.numpy()))
     expected = expected.transpose(0, 2, 3, 1)
     assert ours.shape == expected.shape == (3, 6 * up, 6 * up, 5)
-    np.testing.assert_allclose(np.asarray(ours), expected, atol=tolerance(expected), rtol=0)
+    assert_parity(ours, expected64, expected,
+                  f"modulated_conv2d up={up} demodulate={demodulate} k={k}")
 
 
 @pytest.mark.parametrize("taps", [2, 4, 6])
@@ -442,12 +487,20 @@ def test_polyphase_up_conv_equals_zero_insertion_fir_then_conv(taps):
     f = f / f.sum()
     fh, fw = f.shape
     padding = (1 + (fw + 1) // 2, 1 + (fw - 2) // 2, 1 + (fh + 1) // 2, 1 + (fh - 2) // 2)
-    dense = jax.lax.conv_general_dilated(
-        sg.upfirdn2d(x, f, up=2, padding=padding, gain=4.0), kernel[::-1, ::-1], (1, 1),
-        "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def dense_path(x, kernel, f):
+        return jax.lax.conv_general_dilated(
+            sg.upfirdn2d(x, f, up=2, padding=padding, gain=4.0), kernel[::-1, ::-1], (1, 1),
+            "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    dense = np.asarray(dense_path(x, kernel, f))
+    with jax.enable_x64(True):  # the dense path in float64 on the same numbers
+        dense64 = np.asarray(dense_path(*(jnp.asarray(np.asarray(a), jnp.float64)
+                                          for a in (x, kernel, f))))
+    assert dense64.dtype == np.float64
     ours = sg.modulated_conv2d(x, kernel, jnp.ones((2, 3)), False, 2, f)
     assert ours.shape == dense.shape == (2, 10, 14, 4)
-    np.testing.assert_allclose(ours, dense, atol=2e-5 * (1 + float(jnp.abs(dense).max())))
+    assert_parity(ours, dense64, dense, f"polyphase up-conv taps={taps}")
 
 
 # ------------------------------------------------------------------ whole generator
@@ -461,24 +514,21 @@ def test_config_from_pickle(ported):
 
 
 @pytest.mark.parametrize("psi,cutoff", [(1.0, None), (0.7, 2)])
-def test_generator_parity(reference, ported, synth, psi, cutoff):
+def test_generator_parity(reference, reference64, ported, synth, psi, cutoff):
     z = torch.randn(3, 12, generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        ws_ref = reference.mapping(z, psi, cutoff)
-        img_ref = reference.synthesis(ws_ref).numpy().transpose(0, 2, 3, 1)
+    ws_ref, ws_pair, img_pair = reference_outputs(reference, reference64, z, psi, cutoff)
     ws = ported.map(jnp.asarray(z.numpy()), None, psi, cutoff)
-    np.testing.assert_allclose(np.asarray(ws), ws_ref.numpy(), atol=tolerance(ws_ref.numpy()),
-                               rtol=0)
+    assert_parity(ws, *ws_pair, f"stylegan2 mapping psi={psi}")
     img = np.asarray(synth(jnp.asarray(ws_ref.numpy())))
     assert img.shape == (3, 16, 16, 3)
-    np.testing.assert_allclose(img, img_ref, atol=tolerance(img_ref), rtol=0)
-    assert np.abs(img_ref).max() > 0.1
+    assert_parity(img, *img_pair, f"stylegan2 synthesis psi={psi}")
+    assert np.abs(img_pair[0]).max() > 0.1
 
 
 @pytest.mark.parametrize("arch", ["orig", "resnet"])
 def test_architecture_parity(architectures, arch):
     """"orig"/"resnet": one ToRGB (last block), residual 1×1 up-sampling branch for "resnet"."""
-    reference, path = architectures[arch]
+    reference, reference64, path = architectures[arch]
     ported = convert.load_stylegan2(path)
     assert ported.config.architecture == arch and ported.config.num_ws == 6
     blocks = ported.blocks
@@ -486,15 +536,12 @@ def test_architecture_parity(architectures, arch):
     assert [b.skip is not None for b in blocks] == [False, arch == "resnet", arch == "resnet"]
     assert all(b.resample_filter is None for b in blocks)  # no running image to up-sample
     z = torch.randn(3, 12, generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        ws_ref = reference.mapping(z, 0.7, 2)
-        img_ref = reference.synthesis(ws_ref).numpy().transpose(0, 2, 3, 1)
+    ws_ref, ws_pair, (img64, img_ref) = reference_outputs(reference, reference64, z, 0.7, 2)
     ws = ported.map(jnp.asarray(z.numpy()), None, 0.7, 2)
-    np.testing.assert_allclose(np.asarray(ws), ws_ref.numpy(), atol=tolerance(ws_ref.numpy()),
-                               rtol=0)
+    assert_parity(ws, *ws_pair, f"stylegan2 {arch} mapping")
     img = np.asarray(jitted_synthesize(ported)(jnp.asarray(ws_ref.numpy())))
     assert img.shape == (3, 16, 16, 3)
-    np.testing.assert_allclose(img, img_ref, atol=tolerance(img_ref), rtol=0)
+    assert_parity(img, img64, img_ref, f"stylegan2 {arch} synthesis")
     assert np.abs(img_ref).max() > 0.1
     # The (for "resnet": gain-scaled, ±CLAMP/√2) clamp of the second convs is active, so the
     # parity above covers it.
@@ -510,25 +557,27 @@ def test_architecture_parity(architectures, arch):
     assert not np.allclose(unclamped, img_ref)
 
 
-def test_conditional_generator_parity(conditional):
+def test_conditional_generator_parity(conditional, conditional64):
     """c_dim > 0: g1 feeds the one-hot label of class_index to the mapping network."""
     reference, ported = conditional
     config = ported.config
     assert (config.c_dim, config.embed_width, config.num_ws) == (4, 8, 4)
     gen = sg.stylegan2_generator(ported, None, 0.7, 3, class_index=2)
     z = torch.randn(3, 6, generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        ws_ref = reference.mapping(z, 0.7, 3, c=F.one_hot(torch.full((3,), 2), 4).float())
-        img_ref = reference.synthesis(ws_ref).numpy().transpose(0, 2, 3, 1)
+    label = F.one_hot(torch.full((3,), 2), 4).float()
+    ws_ref, (ws64, ws32), (img64, img_ref) = reference_outputs(reference, conditional64, z, 0.7,
+                                                               3, c=label)
     zj = jnp.asarray(z.numpy())
     w = np.asarray(gen.g1(gen.params, zj))
-    expected_w = ws_ref.numpy().reshape(3, -1)
-    np.testing.assert_allclose(w, expected_w, atol=tolerance(expected_w), rtol=0)
-    img = np.asarray(jitted_synthesize(ported)(jnp.asarray(w).reshape(3, 4, 8)))
-    np.testing.assert_allclose(img, img_ref, atol=tolerance(img_ref), rtol=0)
+    assert_parity(w, ws64.reshape(3, -1), ws32.reshape(3, -1), "stylegan2 conditional g1")
+    img = np.asarray(jitted_synthesize(ported)(jnp.asarray(ws32)))
+    assert_parity(img, img64, img_ref, "stylegan2 conditional synthesis")
+    # g2(g1(z)) end to end, against the whole reference in float64 (its own ws).
+    with torch.no_grad():
+        end64 = conditional64.synthesis(torch.from_numpy(ws64)).numpy().transpose(0, 2, 3, 1)
     x = np.asarray(jax.jit(gen.image)(gen.params, zj))
-    np.testing.assert_allclose(x, np.clip((img_ref + 1) / 2, 0, 1), atol=tolerance(img_ref),
-                               rtol=0)
+    assert_parity(x, np.clip((end64 + 1) / 2, 0, 1), np.clip((img_ref + 1) / 2, 0, 1),
+                  "stylegan2 conditional image")
     assert 0.1 < np.mean((x > 0) & (x < 1))  # not all clipped
     other = sg.stylegan2_generator(ported, None, 0.7, 3, class_index=0)
     assert not np.allclose(other.g1(other.params, zj), w)  # the label matters
@@ -656,7 +705,7 @@ def test_refuses_unknown_and_mixed_architectures(snapshot):
 
 def test_resnet_skip_branch_is_checked(architectures):
     def load():
-        return convert.load_snapshot(architectures["resnet"][1])["G_ema"]
+        return convert.load_snapshot(architectures["resnet"][2])["G_ema"]
 
     g = load()
     b16 = g.attr("_modules")["synthesis"].attr("_modules")["b16"]

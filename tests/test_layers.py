@@ -1,4 +1,8 @@
-"""``cbcert.models.layers``: the patch-matmul convolution as a drop-in for ``nnx.Conv``."""
+"""``cbcert.models.layers``: the patch-matmul convolution as a drop-in for ``nnx.Conv``.
+
+Convolutions run in float32 and are compared with the same convolution in float64 numpy
+(``parity.assert_parity``; the other float32 implementation measures float32 error).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from parity import assert_parity
 
 from cbcert.models.layers import PatchConv, conv2d, conv_patches
 
@@ -19,6 +24,19 @@ CASES = [
     (5, 6, 1, 1, 0, True, 5),
     (3, 5, 3, 1, 1, True, 6),
 ]
+
+
+def conv_float64(x, kernel, stride: int, padding: int, bias=None) -> np.ndarray:
+    """PyTorch / ``nnx.Conv`` cross-correlation of ``x[B, H, W, I]`` with ``kernel[kh, kw, I, O]``
+    (symmetric zero padding), in float64: ``[B, h, w, O]``."""
+    x = np.pad(np.asarray(x, np.float64), ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+    kernel = np.asarray(kernel, np.float64)
+    kh, kw = kernel.shape[:2]
+    oh, ow = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
+    out = sum(np.einsum("bhwi,io->bhwo", x[:, i:i + stride * (oh - 1) + 1:stride,
+                                          j:j + stride * (ow - 1) + 1:stride], kernel[i, j])
+              for i in range(kh) for j in range(kw))
+    return out if bias is None else out + np.asarray(bias, np.float64)
 
 
 @pytest.mark.parametrize("cin,cout,kernel,stride,padding,use_bias,side", CASES)
@@ -49,7 +67,11 @@ def test_conv2d_is_a_drop_in_for_nnx_conv(cin, cout, kernel, stride, padding, us
     expected = theirs[0](x)
     got = mine[0](x)
     assert got.shape == expected.shape
-    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    exact = conv_float64(x, mine[0].kernel[...], stride, padding,
+                         mine[0].bias[...] if use_bias else None)
+    what = f"conv2d {kernel}x{kernel}/{stride}"
+    assert_parity(expected, exact, got, f"{what} nnx.Conv")  # the float64 conv is nnx.Conv's
+    assert_parity(got, exact, expected, what)
 
 
 def test_world_patch_conv_keeps_its_random_stream_and_layout():
@@ -90,4 +112,6 @@ def test_accelerators_take_the_native_convolution(monkeypatch):
                         lambda *a, **k: calls.append(1) or native(*a, **k))
     gpu = layers.conv(x, kernel, 2, 1)
     assert calls and gpu.shape == patches.shape == (2, 5, 5, 5)
-    np.testing.assert_allclose(gpu, patches, rtol=1e-5, atol=1e-5)
+    exact = conv_float64(x, kernel, 2, 1)
+    assert_parity(gpu, exact, patches, "native conv")
+    assert_parity(patches, exact, gpu, "patch conv")

@@ -60,7 +60,8 @@ def convert(kind: str, checkpoint_path: str | pathlib.Path, out_dir: str | pathl
     Args:
       kind: one of ``KINDS``: a torchvision name (``resnet18``, ``resnet50``, ``densenet161``,
         ...; ``checkpoint_path`` is its state_dict), ``"pcbm"`` (``checkpoint_path`` is the
-        post-hoc-cbm ``.ckpt``; needs ``backbone`` and ``backbone_path``, optionally
+        post-hoc-cbm ``.ckpt``; needs ``backbone`` -- a torchvision name or pytorchcv's
+        ``resnet18_cub`` -- and ``backbone_path``, its state_dict; optionally
         ``concept_bank_path``) or ``"pixpnet"`` (``checkpoint_path`` is the Lightning
         checkpoint; needs ``config_path``, its ``config.yaml``).
       out_dir: new or empty directory.

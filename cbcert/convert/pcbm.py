@@ -8,7 +8,9 @@ Inputs, as the reference writes them:
   (CAVs, intercepts, norms as float32 tensors, ``classifier`` = Linear whose weights were set
   from scikit-learn, so float64 and ``[1, K]`` for a binary task), or of a ``PosthocHybridCBM``
   (``train_pcbm_h.py``: ``bottleneck`` + ``residual_classifier``);
-* the backbone as a torchvision state_dict.
+* the backbone as a torchvision state_dict, or as the pytorchcv state_dict of post-hoc-cbm's
+  CUB backbone (``resnet18_cub``, ``models/model_zoo.py``; its embedding is the flattened output
+  of ``features``, i.e. up to the fixed ``AvgPool2d(7)``, without ``output``).
 
 The module pickle is read by ``pickles.load_torch_zip`` with stand-ins for the three classes it
 contains; nothing from the upstream repository is imported and nothing in the file runs.
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from cbcert.convert import pickles
+from cbcert.convert import pickles, pytorchcv
 from cbcert.convert.common import Entry, Table, abstract, fill_module, linear_entries, nested
 from cbcert.convert.torchvision import (
     DENSENET_PRESETS,
@@ -32,7 +34,7 @@ from cbcert.convert.torchvision import (
     densenet_table,
     resnet_table,
 )
-from cbcert.models.pcbm import PCBM, PCBMConfig
+from cbcert.models.pcbm import BACKBONES, PCBM, PYTORCHCV_BACKBONES, PCBMConfig
 from cbcert.models.resnet import ResNetConfig
 
 PCBM_CLASSES = ("models.pcbm_utils.PosthocLinearCBM", "models.pcbm_utils.PosthocHybridCBM",
@@ -135,10 +137,14 @@ def load_pcbm_checkpoint(path: str | pathlib.Path) -> PCBMCheckpoint:
 
 
 def pcbm_table(config: PCBMConfig) -> Table:
-    """Keys: ``backbone.<torchvision key>`` plus the PCBM module's attribute paths."""
+    """Keys: ``backbone.<torchvision or pytorchcv key>`` plus the PCBM module's attribute paths."""
     backbone_config = config.backbone_config()
-    backbone = (resnet_table(backbone_config) if isinstance(backbone_config, ResNetConfig)
-                else densenet_table(backbone_config))
+    if config.backbone in PYTORCHCV_BACKBONES:
+        backbone = pytorchcv.resnet_table(backbone_config)
+    elif isinstance(backbone_config, ResNetConfig):
+        backbone = resnet_table(backbone_config)
+    else:
+        backbone = densenet_table(backbone_config)
     table = nested(backbone, "backbone.", ("backbone",))
     head = "bottleneck." if config.residual_outputs else ""
     table[f"{head}cavs"] = Entry(("cavs",))
@@ -163,31 +169,54 @@ def _check_bank(bank: ConceptBank, checkpoint: PCBMCheckpoint, path: str) -> Non
                          "PCBM checkpoint; pass the bank the PCBM was trained with")
 
 
+_PYTORCHCV_STEM = "features.init_block.conv.conv.weight"
+
+
+def _check_backbone_family(backbone: str, tensors: Mapping[str, np.ndarray]) -> None:
+    """A pytorchcv state_dict under a torchvision name (or the reverse) would fail key by key;
+    name the fix instead."""
+    if backbone not in BACKBONES:
+        raise ValueError(f"backbone={backbone!r}; allowed: {BACKBONES}")
+    pytorchcv_keys = _PYTORCHCV_STEM in tensors
+    if pytorchcv_keys and backbone not in PYTORCHCV_BACKBONES:
+        raise ValueError(f"backbone={backbone!r} is a torchvision name, but the backbone "
+                         f"state_dict has pytorchcv keys ({_PYTORCHCV_STEM}); pass one of "
+                         f"{sorted(PYTORCHCV_BACKBONES)}")
+    if backbone in PYTORCHCV_BACKBONES and not pytorchcv_keys and "conv1.weight" in tensors:
+        raise ValueError(f"backbone={backbone!r} is a pytorchcv name, but the backbone "
+                         "state_dict has torchvision keys (conv1.weight); pass "
+                         f"backbone={PYTORCHCV_BACKBONES[backbone]!r}")
+
+
 def pcbm_from_checkpoints(checkpoint_path: str | pathlib.Path, backbone: str,
                           backbone_tensors: Mapping[str, np.ndarray],
                           concept_bank_path: str | pathlib.Path | None = None,
                           ) -> tuple[PCBM, PCBMCheckpoint]:
-    """``PCBM`` filled from a post-hoc-cbm ``.ckpt`` and a torchvision backbone state_dict.
+    """``PCBM`` filled from a post-hoc-cbm ``.ckpt`` and a backbone state_dict.
 
     Args:
       checkpoint_path: the PCBM or PCBM-h ``.ckpt``.
-      backbone: torchvision name of the backbone (``resnet18`` ... ``densenet201``).
+      backbone: name of the backbone: torchvision (``resnet18`` ... ``densenet201``) or pytorchcv
+        (``resnet18_cub``, the backbone post-hoc-cbm uses for CUB).
       backbone_tensors: the backbone's state_dict as numpy arrays.
       concept_bank_path: optional concept bank pickle; if given it must equal the CAVs stored
         in the checkpoint (same names, same float32 vectors).
 
     Raises:
       ValueError: every unknown / missing / mis-shaped key (backbone keys prefixed
-        ``backbone.``), e.g. CAVs whose width differs from the backbone embedding.
+        ``backbone.``), e.g. CAVs whose width differs from the backbone embedding; a pytorchcv
+        state_dict under a torchvision name or the reverse.
     """
     checkpoint = load_pcbm_checkpoint(checkpoint_path)
     if concept_bank_path is not None:
         _check_bank(load_concept_bank(concept_bank_path), checkpoint, str(concept_bank_path))
+    _check_backbone_family(backbone, backbone_tensors)
     head = "bottleneck." if checkpoint.hybrid else ""
     if backbone in DENSENET_PRESETS:
         backbone_tensors = canonical_densenet_keys(backbone_tensors)
     tensors = {**{f"backbone.{k}": v for k, v in backbone_tensors.items()}, **checkpoint.tensors}
-    classifier = "fc.weight" if backbone in RESNET_PRESETS else "classifier.weight"
+    classifier = ("output.weight" if backbone in PYTORCHCV_BACKBONES
+                  else "fc.weight" if backbone in RESNET_PRESETS else "classifier.weight")
     for key in (f"{head}cavs", f"{head}classifier.weight", f"backbone.{classifier}"):
         if key not in tensors or np.ndim(tensors[key]) != 2:
             raise ValueError(f"pcbm: missing 2-D {key!r}; cannot infer the architecture")

@@ -1,5 +1,5 @@
 """Post-hoc concept bottleneck models (Yuksekgonul et al., ICLR 2023, "Post-hoc Concept
-Bottleneck Models") on a torchvision backbone, in Flax NNX.
+Bottleneck Models") on a torchvision or pytorchcv backbone, in Flax NNX.
 
 A backbone gives the pooled embedding ``e`` (``[B, D]``). A concept bank of K concept activation
 vectors (CAVs, one linear SVM per concept) gives the signed geometric margins
@@ -26,13 +26,22 @@ from flax import nnx
 from cbcert.models.densenet import DENSENET_PRESETS, DenseNet, DenseNetConfig
 from cbcert.models.resnet import RESNET_PRESETS, ResNet, ResNetConfig
 
+# pytorchcv (osmr/imgclsmob) backbones, as the torchvision architecture that computes the same
+# feature map. post-hoc-cbm's CUB model is pytorchcv's "resnet18_cub" (200 classes). pytorchcv
+# ends its features with a fixed AvgPool2d(7) instead of an adaptive pool, so the embedding
+# exists only for a 7x7 last feature map (193..224 px inputs; post-hoc-cbm center-crops to 224).
+PYTORCHCV_BACKBONES: dict[str, str] = {"resnet18_cub": "resnet18"}
+PYTORCHCV_POOL = 7
+BACKBONES = (*sorted(RESNET_PRESETS), *sorted(DENSENET_PRESETS), *sorted(PYTORCHCV_BACKBONES))
+
 
 @dataclasses.dataclass(frozen=True)
 class PCBMConfig:
     """Static structure of a PCBM / PCBM-h.
 
     Attributes:
-      backbone: torchvision model name (``resnet18`` ... ``densenet201``).
+      backbone: torchvision model name (``resnet18`` ... ``densenet201``) or pytorchcv name
+        (``resnet18_cub``, see ``PYTORCHCV_BACKBONES``).
       backbone_classes: width of the backbone's own classifier (kept, unused by the PCBM).
       num_concepts: K, rows of the concept bank.
       head_outputs: width of the concept head (1 for a binary scikit-learn head).
@@ -46,9 +55,8 @@ class PCBMConfig:
     residual_outputs: int = 0
 
     def __post_init__(self):
-        if self.backbone not in RESNET_PRESETS and self.backbone not in DENSENET_PRESETS:
-            raise ValueError(f"backbone={self.backbone!r}; allowed: "
-                             f"{sorted(RESNET_PRESETS) + sorted(DENSENET_PRESETS)}")
+        if self.backbone not in BACKBONES:
+            raise ValueError(f"backbone={self.backbone!r}; allowed: {BACKBONES}")
         for name in ("backbone_classes", "num_concepts", "head_outputs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}; must be >= 1")
@@ -67,9 +75,10 @@ class PCBMConfig:
         return 2 if self.head_outputs == 1 else self.head_outputs
 
     def backbone_config(self) -> ResNetConfig | DenseNetConfig:
-        if self.backbone in RESNET_PRESETS:
-            return ResNetConfig.from_name(self.backbone, num_classes=self.backbone_classes)
-        return DenseNetConfig.from_name(self.backbone, num_classes=self.backbone_classes)
+        name = PYTORCHCV_BACKBONES.get(self.backbone, self.backbone)
+        if name in RESNET_PRESETS:
+            return ResNetConfig.from_name(name, num_classes=self.backbone_classes)
+        return DenseNetConfig.from_name(name, num_classes=self.backbone_classes)
 
 
 class PCBM(nnx.Module):
@@ -90,8 +99,21 @@ class PCBM(nnx.Module):
                          if config.residual_outputs else None)
 
     def embed(self, x: jax.Array) -> jax.Array:
-        """Backbone embedding ``e``: ``[B, H, W, 3] -> [B, D]``."""
-        return self.backbone.embed(x)
+        """Backbone embedding ``e``: ``[B, H, W, 3] -> [B, D]``.
+
+        Raises:
+          ValueError: a pytorchcv backbone on inputs whose last feature map is not 7x7.
+        """
+        if self.config.backbone not in PYTORCHCV_BACKBONES:
+            return self.backbone.embed(x)
+        features = self.backbone.features(x)  # [B, h, w, D]
+        if features.shape[1:3] != (PYTORCHCV_POOL, PYTORCHCV_POOL):
+            raise ValueError(
+                f"backbone={self.config.backbone!r} pools with AvgPool2d({PYTORCHCV_POOL}), so its "
+                f"last feature map must be {PYTORCHCV_POOL}x{PYTORCHCV_POOL}; inputs of "
+                f"{x.shape[1]}x{x.shape[2]} px give {features.shape[1]}x{features.shape[2]}. "
+                "Use 193..224 px inputs (post-hoc-cbm center-crops to 224)")
+        return jnp.mean(features, axis=(1, 2))
 
     def margins(self, embedding: jax.Array) -> jax.Array:
         """Concept margins ``r = (V e + b) / ||V||``: ``[B, D] -> [B, K]``."""
