@@ -737,9 +737,11 @@ def _print_attack(summary: dict, job, world_obj, out: Path) -> None:
 @click.argument("kind")
 @click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--backbone", default=None, help="pcbm: torchvision backbone name (e.g. resnet18).")
+@click.option("--backbone", default=None,
+              help="pcbm: backbone name: a torchvision resnet*/densenet* (e.g. resnet18) or "
+                   "resnet18_cub (pytorchcv, the official PCBM CUB model).")
 @click.option("--backbone-path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="pcbm: the backbone's torchvision state_dict.")
+              default=None, help="pcbm: the backbone's state_dict (torchvision or pytorchcv).")
 @click.option("--concept-bank", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="pcbm: concept bank pickle (must match the checkpoint's).")
 @click.option("--config", "config_path", default=None,

@@ -268,6 +268,16 @@ def test_restricted_unpickler_refuses_foreign_globals(tmp_path, capsys):
         pickles.load_torch_zip(tmp_path / "module.pt")
 
 
+def test_a_pcbm_pickle_without_pcbm_structure_is_refused_by_name(bank, tmp_path):
+    """A hybrid whose bottleneck was removed (crafted or damaged) is a clear error, not a
+    KeyError from deep inside the reader."""
+    hybrid = PosthocHybridCBM(PosthocLinearCBM(bank[0], *head_weights(3, seed=17)), seed=18)
+    del hybrid.bottleneck
+    save_as_upstream(hybrid, tmp_path / "broken.ckpt")
+    with pytest.raises(ValueError, match="broken.ckpt.*not a post-hoc-cbm .*PosthocHybridCBM"):
+        pcbm.load_pcbm_checkpoint(tmp_path / "broken.ckpt")
+
+
 # ------------------------------------------------------------------ pytorchcv resnet18_cub backbone
 
 

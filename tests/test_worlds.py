@@ -36,6 +36,7 @@ torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
 import test_convert_stylegan2 as sg_ref  # noqa: E402
+from parity import assert_parity  # noqa: E402
 from test_convert_biggan import FIELDS as BIGGAN_FIELDS  # noqa: E402
 from test_convert_biggan import TorchBigGAN  # noqa: E402
 from test_convert_resnet import torch_resnet  # noqa: E402
@@ -278,11 +279,15 @@ def test_conditional_stylegan2_world_takes_a_class_index(world_dir, tmp_path):
     root, reference = world("ok", class_index=1)
     generator = build_generator(read_manifest(root))
     z = torch.randn(2, 12, generator=torch.Generator().manual_seed(0))
+    label = torch.nn.functional.one_hot(torch.full((2,), 1), 3).float()
+    reference64 = sg_ref.float64_twin(
+        reference, z_dim=12, w_dim=DW, resolution=RESOLUTION, channels=sg_ref.CHANNELS,
+        clamp=sg_ref.CLAMP, mapping_layers=2, seed=0, c_dim=3)
     with torch.no_grad():
-        ws = reference.mapping(z, 0.7, None, c=torch.nn.functional.one_hot(
-            torch.full((2,), 1), 3).float())
+        ws32 = reference.mapping(z, 0.7, None, c=label)
+        ws64 = reference64.mapping(z.double(), 0.7, None, c=label.double())
     w = generator.g1(generator.params, jnp.asarray(z.numpy()))
-    np.testing.assert_allclose(w, ws.numpy().reshape(2, -1), atol=1e-4 * (1 + ws.abs().max()))
+    assert_parity(w, ws64.numpy().reshape(2, -1), ws32.numpy().reshape(2, -1), "conditional g1")
     assert generator.concept_names == ("a", "b", "c")
     for name, extra, message in [
             ("missing", {}, "missing key 'class_index' in generator; gc.pkl is a conditional "

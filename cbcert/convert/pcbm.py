@@ -97,6 +97,9 @@ def _module_tensors(obj: Any, prefix: str = "") -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for attr, value in obj.state.items():
         if attr in ("_parameters", "_buffers"):
+            for key, tensor in value.items():
+                if tensor is not None and not isinstance(tensor, np.ndarray):
+                    raise TypeError(f"{prefix}{key} is a {type(tensor).__name__}, not a tensor")
             out.update({prefix + k: v for k, v in value.items() if v is not None})
         elif attr == "_modules":
             for child, module in value.items():
@@ -129,11 +132,17 @@ def load_pcbm_checkpoint(path: str | pathlib.Path) -> PCBMCheckpoint:
         raise ValueError(f"checkpoint_path={str(path)!r}: holds {kind or type(obj).__name__}, "
                          f"expected one of {PCBM_CLASSES[:2]}")
     hybrid = kind.endswith("PosthocHybridCBM")
-    bottleneck = obj.state["_modules"]["bottleneck"] if hybrid else obj
-    return PCBMCheckpoint(tensors=_module_tensors(obj),
-                          concept_names=tuple(str(n) for n in bottleneck.state.get("names", ())),
-                          hybrid=hybrid,
-                          backbone_name=str(bottleneck.state.get("backbone_name", "")))
+    try:
+        bottleneck = obj.state["_modules"]["bottleneck"] if hybrid else obj
+        return PCBMCheckpoint(
+            tensors=_module_tensors(obj),
+            concept_names=tuple(str(n) for n in bottleneck.state.get("names", ())),
+            hybrid=hybrid,
+            backbone_name=str(bottleneck.state.get("backbone_name", "")))
+    except (KeyError, AttributeError, TypeError) as err:
+        # A crafted or damaged file: the pickled module lacks the structure of a PCBM.
+        raise ValueError(f"checkpoint_path={str(path)!r}: not a post-hoc-cbm {kind} "
+                         f"({type(err).__name__}: {err})") from None
 
 
 def pcbm_table(config: PCBMConfig) -> Table:

@@ -22,6 +22,7 @@ generator's latent pool or the perturbation noise.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -212,7 +213,7 @@ class Comparison:
             "model_a": self.model_a,
             "model_b": self.model_b,
             "delta": self.delta.to_dict(),
-            "t": self.statistic,
+            "t": self.statistic if math.isfinite(self.statistic) else None,  # strict JSON
             "df": self.df,
             "p": self.pvalue,
             "p_holm": self.pvalue_holm,
