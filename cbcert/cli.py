@@ -123,15 +123,32 @@ def _certify_options(fn):
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
                      help="Output directory (default results/<command>-<scale>-seed<seed>); "
                           "rerunning with the same --out resumes."),
-        click.option("--chunk-size", type=int, default=None,
-                     help="Samples per device step (default: from --max-memory)."),
-        click.option("--max-memory", type=int, default=None,
-                     help="Bytes per device a chunk may use (default: from the device)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table."),
     ]
     for option in reversed(options):
         fn = option(fn)
+    return _memory_options(fn)
+
+
+def _memory_options(fn):
+    """``--chunk-size`` and ``--max-memory``: every generator/classifier call stays within them."""
+    options = [
+        click.option("--chunk-size", type=int, default=None,
+                     help="Samples per device step (default: from --max-memory)."),
+        click.option("--max-memory", type=int, default=None,
+                     help="Bytes per device a chunk may use (default: a quarter of the device "
+                          "memory; 8 MiB on CPU)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
     return fn
+
+
+def _check_memory(chunk_size, max_memory) -> None:
+    if chunk_size is not None:
+        _check("count", chunk_size, "--chunk-size")
+    if max_memory is not None:
+        _check("count", max_memory, "--max-memory")
 
 
 def _validate_common(n, n0, alpha, inputs, batch, seed, chunk_size, max_memory, mode) -> None:
@@ -146,10 +163,7 @@ def _validate_common(n, n0, alpha, inputs, batch, seed, chunk_size, max_memory, 
             validate_sample_sizes(n0, n, n0_label="--n0", n_label="--n")
         except ConfigError as err:
             raise click.BadParameter(str(err).split(": ", 1)[-1], param_hint="--n0") from None
-    if chunk_size is not None:
-        _check("count", chunk_size, "--chunk-size")
-    if max_memory is not None:
-        _check("count", max_memory, "--max-memory")
+    _check_memory(chunk_size, max_memory)
 
 
 def _run_certification(noise: str, scale: float, mode: str, opts: dict, default_out: str):
@@ -527,10 +541,12 @@ def _budget_list(value: str, flag: str, parse, rule: str) -> tuple:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output directory (default results/perturb-seed<seed>); rerunning with the "
                    "same --out resumes.")
+@_memory_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 def perturb(eps_list: str, tau_list: str, models: str, samples: int, ball: bool, subsets: int,
             subset_size: int, pool: int | None, batch: int, world_name: str, seed: int,
-            out: Path | None, quiet: bool) -> None:
+            out: Path | None, chunk_size: int | None, max_memory: int | None,
+            quiet: bool) -> None:
     """Empirical robustness: PFR, CFR and DFS under latent shifts (ε) and concept flips (τ).
 
     Perturbs the std/cbm agreement set of a generated pool, then reports mean ± sd over random
@@ -550,6 +566,7 @@ def perturb(eps_list: str, tau_list: str, models: str, samples: int, ball: bool,
         _check("count", value, flag)
     _check("subsets", subsets, "--subsets")
     _check("seed", seed, "--seed")
+    _check_memory(chunk_size, max_memory)
     if pool is not None and pool < subset_size:
         raise click.BadParameter(f"got {pool}, allowed range [--subset-size={subset_size}, inf)",
                                  param_hint="--pool")
@@ -570,7 +587,8 @@ def perturb(eps_list: str, tau_list: str, models: str, samples: int, ball: bool,
                                  f"{world_obj.name})", param_hint="--tau") from None
     try:
         with _progress("perturb", quiet) as progress:
-            result = run(world_obj, job, out, progress=progress)
+            result = run(world_obj, job, out, progress=progress, chunk_size=chunk_size,
+                         max_memory=max_memory)
     except RunDirError as err:
         raise click.BadParameter(str(err), param_hint="--out") from None
     except PoolTooSmallError as err:
@@ -644,11 +662,13 @@ def _print_perturb(result, job, world_obj, out: Path) -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output directory (default results/attack-<space>[-smoothed-…]-seed<seed>); "
                    "rerunning with the same --out resumes.")
+@_memory_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss: str,
            smoothed: bool, sigma: float | None, rho: float | None, eot: int, n: int,
            alpha: float, inputs: int, batch: int, models: str, world_name: str, seed: int,
-           out: Path | None, quiet: bool) -> None:
+           out: Path | None, chunk_size: int | None, max_memory: int | None,
+           quiet: bool) -> None:
     """APGD through generator and classifier: clean and robust accuracy per model and ε.
 
     Each model is attacked on its own, on the std/cbm agreement set, labelled with the shared
@@ -671,6 +691,7 @@ def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss
     _check("samples", n, "--n")
     _check("alpha", alpha, "--alpha")
     _check("seed", seed, "--seed")
+    _check_memory(chunk_size, max_memory)
     scale, name = _attack_smoothing(space, smoothed, sigma, rho)
     names = _distinct_models(models)
     out = _writable_out(out or Path("results") / f"attack-{space}{name}-seed{seed}")
@@ -684,7 +705,8 @@ def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss
                     seed=seed, num_inputs=inputs, batch=batch)
     try:
         with _progress(f"attack {space}", quiet) as progress:
-            summary = run(world_obj, job, out, progress=progress)
+            summary = run(world_obj, job, out, progress=progress, chunk_size=chunk_size,
+                          max_memory=max_memory)
     except RunDirError as err:
         raise click.BadParameter(str(err), param_hint="--out") from None
     except PoolTooSmallError as err:

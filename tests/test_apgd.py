@@ -1,5 +1,6 @@
 """Tests for cbcert.attacks.apgd (APGD-CE / APGD-DLR)."""
 
+import collections
 import itertools
 import math
 
@@ -140,6 +141,83 @@ def test_more_restarts_fool_a_superset():
     assert np.all(np.asarray(four.loss)[~np.asarray(four.fooled)] >= -1e-6)
 
 
+def test_results_follow_the_example_key_not_the_batch():
+    # Per-example keys: permuting the batch (and its keys) permutes the results exactly,
+    # and a single key is the batch of keys fold_in(key, i).
+    keys = jax.random.split(jax.random.key(20), 48)
+    perm = np.random.default_rng(0).permutation(48)
+    kwargs = dict(eps=0.1, norm="l2", n_iter=10, n_restarts=2)
+    x_adv, info = apgd(MLP, X, Y, key=keys, **kwargs)
+    x_perm, info_perm = apgd(MLP, X[perm], Y[perm], key=keys[perm], **kwargs)
+    np.testing.assert_array_equal(x_perm, np.asarray(x_adv)[perm])
+    for field in info._fields:
+        np.testing.assert_array_equal(getattr(info_perm, field), getattr(info, field)[perm])
+    assert 0 < info.fooled.sum() < 48  # both outcomes present
+    key = jax.random.key(21)
+    folded = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(48))
+    np.testing.assert_array_equal(
+        apgd(MLP, X, Y, key=key, **kwargs)[0], apgd(MLP, X, Y, key=folded, **kwargs)[0]
+    )
+
+
+def test_restarts_attack_only_the_inputs_still_robust():
+    # n_iter = 1 keeps the attack weak, so restart 1 fools one more input on this seed.
+    kwargs = dict(eps=0.3, norm="linf", key=jax.random.key(7), n_iter=1)
+    runs = [apgd(MLP, X, Y, n_restarts=n, **kwargs) for n in (1, 2)]
+    rows = []
+
+    def counted(x):
+        jax.debug.callback(lambda n: rows.append(int(n)), x.shape[0])  # rows of this call
+        return MLP(x)
+
+    x_adv, info = apgd(counted, X, Y, n_restarts=3, **kwargs)
+    jax.effects_barrier()
+    # Robust before restart r: all inputs (Y is the clean prediction), then those the
+    # first r restarts did not fool (restart r uses fold_in(key_i, r) whatever n_restarts).
+    still_robust = [np.ones(48, bool)] + [~np.asarray(run.fooled) for _, run in runs]
+    counts = [int(s.sum()) for s in still_robust]
+    assert counts[0] > counts[1] > counts[2] > 0, counts  # every restart has work
+    restarts = np.asarray(info.restarts)
+    for r, robust in enumerate(still_robust):
+        np.testing.assert_array_equal(restarts > r, robust)
+    # Restarts 1 and 2 run on the smallest of 4, 8, ..., 48 rows holding their inputs;
+    # each run evaluates logits_fn at the start and after each of its n_iter steps.
+    bucket = lambda n: min(s for s in (4, 8, 16, 32, 48) if s >= n)
+    expected = collections.Counter({48: 1 + 2 + 1})  # clean, restart 0, returned point
+    for n in counts[1:]:
+        expected[bucket(n)] += 2
+    assert collections.Counter(rows) == expected
+    # Inputs fooled by restart 0 keep its result.
+    fooled = ~still_robust[1]
+    np.testing.assert_array_equal(np.asarray(x_adv)[fooled], np.asarray(runs[0][0])[fooled])
+    np.testing.assert_array_equal(
+        np.asarray(info.loss)[fooled], np.asarray(runs[0][1].loss)[fooled]
+    )
+
+
+def _boundary_case():
+    # f(x) = [0, x_0 - 0.2]: class 0 left of x_0 = 0.2; the first two inputs start on
+    # the wrong side (label 0, x_0 > 0.2), the last two on the right one.
+    f = lambda x: jnp.stack([jnp.zeros_like(x[:, 0]), 10.0 * (x[:, 0] - 0.2)], axis=-1)
+    x0 = jnp.array([[0.3, 0.0], [0.5, 1.0], [0.0, 0.0], [-1.0, 0.0]])
+    return f, x0, jnp.zeros(4, jnp.int32)
+
+
+def test_attack_all_attacks_inputs_misclassified_at_x0():
+    f, x0, y = _boundary_case()
+    kwargs = dict(eps=0.5, norm="l2", key=jax.random.key(22), n_iter=20, n_restarts=2)
+    x_ref, info_ref = apgd(f, x0, y, **kwargs)
+    np.testing.assert_array_equal(x_ref[:2], x0[:2])  # the reference: left unchanged
+    np.testing.assert_array_equal(info_ref.restarts, [0, 0, 1, 2])
+    x_adv, info = apgd(f, x0, y, attack_all=True, **kwargs)
+    # Every input moves towards its highest-loss point x0 + eps e_0 (the loss grows with
+    # x_0 and ignores x_1); 20 L2 steps reach it to ~1e-4 (1 - cos ~ 1e-5 in direction).
+    np.testing.assert_allclose(x_adv[:, 0], x0[:, 0] + 0.5, atol=1e-4)
+    np.testing.assert_array_equal(info.fooled, [True, True, True, False])
+    # Restart 1 re-attacks only the input whose best point is still classified correctly.
+    np.testing.assert_array_equal(info.restarts, [1, 1, 1, 2])
+
+
 def test_misclassified_inputs_are_returned_unchanged():
     y_wrong = (Y + 1) % 5
     x_adv, info = apgd(MLP, X, y_wrong, eps=0.3, norm="l2", key=jax.random.key(8), n_iter=5)
@@ -188,11 +266,11 @@ def test_linf_step_size_halves_at_every_checkpoint_when_loss_is_flat():
         return aux, grad
 
     run_fn = jax.jit(
-        lambda key: apgd_lib._single_run(
-            loss_and_grad, x0, y, jnp.float32(0.1), key, "linf", 100, None, None
+        lambda keys: apgd_lib._single_run(
+            loss_and_grad, x0, y, jnp.float32(0.1), keys, "linf", 100, None, None
         )
     )
-    run = run_fn(jax.random.key(11))
+    run = run_fn(jax.random.split(jax.random.key(11), 16))
     np.testing.assert_allclose(run.step_size, 2 * 0.1 / 2**8, rtol=1e-6)
 
 
@@ -234,6 +312,11 @@ def test_invalid_arguments(kwargs, match):
     args = dict(eps=0.1, norm="linf", key=jax.random.key(0))
     with pytest.raises(ValueError, match=match):
         apgd(MLP, X, Y, **{**args, **kwargs})
+
+
+def test_key_shape_mismatch():
+    with pytest.raises(ValueError, match=r"key must be one PRNG key or one per example \[B=48\]"):
+        apgd(MLP, X, Y, eps=0.1, norm="linf", key=jax.random.split(jax.random.key(0), 3))
 
 
 def test_label_shape_mismatch():

@@ -11,6 +11,7 @@ from jax.scipy.stats import norm as normal
 
 from cbcert.attacks.apgd import apgd
 from cbcert.attacks.smoothed import smoothed_logits_fn
+from cbcert.certify.cohen import predict_counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,42 @@ def test_linear_smoothed_classifier_attack_reaches_closed_form():
     # on p_hat: 256 samples put it within 0.05 of the expectation here.
     approx = normal.cdf(x_adv[:, 0] / jnp.sqrt(8.0 / jnp.pi + 0.25**2))
     np.testing.assert_allclose(jnp.exp(log_p)[:, 1], approx, atol=0.05)
+
+
+def test_input_whose_eot_estimate_is_wrong_but_predict_right_is_attacked():
+    # f(x) = [0, 4 x_0]: class 0 left of x_0 = 0. At x_0 = -0.25 with sigma = 0.5 the
+    # smoothed classifier votes class 0 with probability Phi(0.5) = 0.69, but the single
+    # EOT sample of noise key 0 lands right of 0 (asserted below).
+    f = lambda x: jnp.stack([jnp.zeros_like(x[:, 0]), 4.0 * x[:, 0]], axis=-1)
+    sigma, eps = 0.5, 1.0
+    x0, y = jnp.array([[-0.25, 0.0]]), jnp.zeros(1, jnp.int32)
+    g = smoothed_logits_fn(
+        f, noise=_Gaussian().perturb, noise_param=sigma, noise_keys=jax.random.key(0)[None], eot=1
+    )
+
+    def predict(x, seed):
+        # PREDICT with n = 1000, alpha = 0.001. At P(class 0) = Phi(0.5) (clean) or
+        # Phi(-1.5) (attacked), a wrong or abstaining answer has probability < 1e-12.
+        noise = jax.random.normal(jax.random.key(seed), (1000, 2))
+        votes = np.argmax(f(x + sigma * noise), axis=-1)
+        return int(predict_counts(np.bincount(votes, minlength=2), alpha=0.001).prediction)
+
+    assert int(jnp.argmax(g(x0), axis=-1)[0]) == 1  # the EOT estimate misclassifies x0
+    assert predict(x0, 1) == 0  # PREDICT classifies it correctly
+    kwargs = dict(eps=eps, norm="l2", key=jax.random.key(2), n_iter=20)
+    x_ref, _ = apgd(g, x0, y, **kwargs)
+    np.testing.assert_array_equal(x_ref, x0)  # the reference criterion: never attacked
+    x_adv, info = apgd(g, x0, y, attack_all=True, **kwargs)
+    # Attacked: moved along +x_0 (the loss -log p_hat_0 grows with x_0) to the sphere.
+    np.testing.assert_allclose(x_adv[0, 0], x0[0, 0] + eps, atol=1e-4)
+    assert float(info.perturbation_norm[0]) == pytest.approx(eps, rel=1e-5)
+    assert predict(x_adv, 3) == 1  # not robust: PREDICT misclassifies the attacked point
+
+
+def test_take_rows_selects_the_examples_noise():
+    g = smoothed_logits_fn(MLP, noise=_Gaussian().perturb, noise_param=0.5, noise_keys=KEYS, eot=3)
+    rows = jnp.array([4, 0, 4])
+    np.testing.assert_allclose(g.take_rows(rows)(X[rows]), g(X)[rows], rtol=1e-6)
 
 
 def test_single_compile_when_noise_keys_and_scale_change():

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from spying import spy_world
 
 from cbcert.builtin import untrained_world
 from cbcert.certify.runner import (
@@ -199,22 +200,7 @@ def test_every_generator_call_respects_the_chunk_size(world, tmp_path):
     """Pool search, true labels, concept encoding and sampling all reach the generator in
     chunks of at most ``chunk_size`` (a 256-px world once asked for 82 GB rendering its
     whole pool block at once). The spy records the batch of every traced call."""
-    import dataclasses
-
-    from cbcert.pipeline import World
-
-    seen = []
-    gen = world.generator
-
-    def spy(name, fn):
-        def wrapped(params, x):
-            seen.append((name, x.shape[0]))
-            return fn(params, x)
-        return wrapped
-
-    spied = dataclasses.replace(gen, g1=spy("g1", gen.g1), g2=spy("g2", gen.g2))
-    other = World(**{**{f.name: getattr(world, f.name) for f in dataclasses.fields(World)},
-                     "generator": spied})
+    other, seen = spy_world(world)
     for noise, scale in (("gaussian", 0.25), ("bernoulli", 0.2)):
         job = CertifyJob(noise=noise, scale=scale, **SMALL)
         run(other, job, tmp_path / noise, chunk_size=8)

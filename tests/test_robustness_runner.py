@@ -229,3 +229,30 @@ def test_cli_rerun_of_a_finished_run_prints_the_table(monkeypatch, world, finish
     for text in ("PFR std", "PFR proto", "DFS cbm", "Δ std−cbm", "p_Holm", "ε=0.5", "τ=3",
                  "0.250 ± 0.000", "Holm over 8 tests"):
         assert text in invoked.output
+
+
+def test_every_generator_call_respects_the_chunk_size(world, finished, tmp_path):
+    """Pool, encoding, clean observations and perturbations reach the generator in chunks of at
+    most ``chunk_size``; the records equal those of a run with larger chunks."""
+    from spying import spy_world
+
+    spied, seen = spy_world(world)
+    run(spied, JOB, tmp_path / "small", chunk_size=4)
+    assert seen and max(batch for _, batch in seen) <= 4, sorted(set(seen))
+    out, _ = finished
+    for kind, value in JOB.budgets:
+        name = f"{kind}{value:g}.jsonl"
+        assert _lines(tmp_path / "small" / name) == _lines(out / name), name
+
+
+def test_foreign_records_are_refused(world, finished, tmp_path):
+    from cbcert.runs.directory import RecordsError
+
+    out, _ = finished
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    path = copy / "tau1.jsonl"
+    record = json.loads(path.read_text().splitlines()[0])
+    path.write_text(path.read_text() + json.dumps({**record, "index": 10**7}) + "\n")
+    with pytest.raises(RecordsError, match="index=10000000 is not an input of this run"):
+        run(world, JOB, copy, chunk_size=CHUNK)

@@ -8,6 +8,11 @@ checkpoint schedule, the oscillation/stall test and the restart from the best po
 are all reproduced, with the per-example bookkeeping done by masks so that shapes are
 fixed and the whole attack runs inside one ``jax.jit``.
 
+Every example is attacked on its own: its random starts come from its own key, and
+restarts after the first run only on the examples still robust, gathered into a smaller
+batch (see :func:`apgd`), so an example's result does not depend on the rest of its
+batch.
+
 The perturbed space is arbitrary (a generator latent, a concept representation, an
 image): ``logits_fn`` maps a batch of points of that space to class logits, and the
 box constraint ``[lower, upper]`` is optional.
@@ -29,6 +34,10 @@ LOSSES = ("ce", "dlr")
 MOMENTUM = 0.75  # alpha in the paper: weight of the new step vs the previous move
 RHO = 0.75  # fraction of loss-increasing steps below which the step size is halved
 INITIAL_STEP_FACTOR = 2.0  # eta^(0) = 2 eps
+# Smallest batch a restart runs on. XLA's CPU kernels may round a row's results
+# differently for a batch of 1 or 2 than for 4, 8 or 16 (so on the built-in world's
+# networks), which would make an example's result depend on how many others are left.
+MIN_RESTART_BATCH = 4
 # The reference guards every normalisation and the DLR denominator with this constant.
 _TINY = 1e-12
 
@@ -37,15 +46,19 @@ class APGDInfo(NamedTuple):
     """Per-example outcome of :func:`apgd`, every field of shape ``[B]``.
 
     loss: the attack loss (CE or DLR) at the returned point.
-    fooled: ``argmax logits_fn(x_adv) != y`` (inputs misclassified before the attack
-        count as fooled and are returned unchanged).
+    fooled: ``argmax logits_fn(x_adv) != y`` (unless ``attack_all``, inputs misclassified
+        before the attack count as fooled and are returned unchanged).
     perturbation_norm: ``||x_adv - x0||`` in the attack norm (max-abs for ``linf``,
         Euclidean for ``l2``), over all event axes.
+    restarts: number of restarts that attacked the input (int32): restart ``r`` attacks
+        exactly the inputs that restarts ``0..r-1`` did not fool; 0 for inputs
+        misclassified at ``x0`` (unless ``attack_all``).
     """
 
     loss: jax.Array
     fooled: jax.Array
     perturbation_norm: jax.Array
+    restarts: jax.Array
 
 
 def checkpoint_schedule(n_iter: int) -> tuple[int, ...]:
@@ -171,16 +184,19 @@ def _project(x, x0, eps, norm, lower, upper):
     return _clip_box(ball, lower, upper)
 
 
-def _random_start(key, x0, eps, norm, lower, upper):
+def _random_start(keys, x0, eps, norm, lower, upper):
     """Reference random start: a point on the ``eps``-sphere of the attack norm.
 
     L-inf: ``u ~ U[-1, 1]^d`` rescaled to max-abs ``eps``; L2: ``u ~ N(0, I)`` rescaled
-    to Euclidean norm ``eps``. Then clipped to the box.
+    to Euclidean norm ``eps``. Then clipped to the box. Example ``i`` draws ``u`` from
+    ``keys[i]`` alone.
     """
+    event = x0.shape[1:]
     if norm == "linf":
-        direction = jax.random.uniform(key, x0.shape, x0.dtype, minval=-1.0, maxval=1.0)
+        draw = lambda k: jax.random.uniform(k, event, x0.dtype, minval=-1.0, maxval=1.0)
     else:
-        direction = jax.random.normal(key, x0.shape, x0.dtype)
+        draw = lambda k: jax.random.normal(k, event, x0.dtype)
+    direction = jax.vmap(draw)(keys)  # [B, *event]
     return _clip_box(x0 + eps * _normalize(direction, norm), lower, upper)
 
 
@@ -207,6 +223,7 @@ class _RunState(NamedTuple):
     x_best: jax.Array  # highest-loss iterate so far
     grad_best: jax.Array
     loss_best: jax.Array  # [B]
+    correct_best: jax.Array  # [B] bool: x_best is classified correctly
     x_found: jax.Array  # last misclassified iterate (valid only where ~robust)
     robust: jax.Array  # [B] bool: no iterate misclassified yet
     step_size: jax.Array  # [B]
@@ -216,12 +233,13 @@ class _RunState(NamedTuple):
     reduced_at_check: jax.Array  # [B] bool: step size halved at the last checkpoint
 
 
-def _single_run(loss_and_grad, x0, y, eps, key, norm, n_iter, lower, upper):
-    """One APGD run from a random start on every example; returns the final state."""
+def _single_run(loss_and_grad, x0, y, eps, keys, norm, n_iter, lower, upper):
+    """One APGD run from a random start (``keys[B]``) on every example; the final state."""
     is_checkpoint, window = _checkpoint_tables(n_iter)
-    x_start = _random_start(key, x0, eps, norm, lower, upper)
+    x_start = _random_start(keys, x0, eps, norm, lower, upper)
     (loss, logits), grad = loss_and_grad(x_start)
     batch = x0.shape[0]
+    correct = jnp.argmax(logits, axis=-1) == y
     init = _RunState(
         x=x_start,
         x_prev=x_start,
@@ -229,8 +247,9 @@ def _single_run(loss_and_grad, x0, y, eps, key, norm, n_iter, lower, upper):
         x_best=x_start,
         grad_best=grad,
         loss_best=loss,
+        correct_best=correct,
         x_found=x_start,
-        robust=jnp.argmax(logits, axis=-1) == y,
+        robust=correct,
         step_size=jnp.full((batch,), INITIAL_STEP_FACTOR, x0.dtype) * eps,
         # The reference compares the first iterate's loss with an all-zero history
         # buffer, not with the loss at the start point; kept for faithfulness.
@@ -268,6 +287,7 @@ def _single_run(loss_and_grad, x0, y, eps, key, norm, n_iter, lower, upper):
             x_best=x_best,
             grad_best=grad_best,
             loss_best=loss_best,
+            correct_best=jnp.where(improved, correct, s.correct_best),
             x_found=jnp.where(expand(~correct), x_new, s.x_found),
             robust=s.robust & correct,
             step_size=jnp.where(back_to_best, s.step_size / 2.0, s.step_size),
@@ -280,60 +300,160 @@ def _single_run(loss_and_grad, x0, y, eps, key, norm, n_iter, lower, upper):
     return jax.lax.fori_loop(0, n_iter, body, init)
 
 
-def _attack(logits_fn, x0, y, eps, key, lower, upper, *, norm, n_iter, n_restarts, loss):
-    """Jitted body of :func:`apgd`; ``logits_fn`` is a ``Partial`` (a pytree)."""
+class _Best(NamedTuple):
+    """What the restarts keep per example (``B`` leading axis everywhere)."""
+
+    robust: jax.Array  # [B] bool: attack this example in the next restart
+    x_adv: jax.Array  # first misclassified iterate found (base mode, where ~robust)
+    x_best: jax.Array  # highest-loss iterate over the restarts so far
+    loss_best: jax.Array  # [B]
+    restarts: jax.Array  # [B] int32: restarts that attacked the example
+
+
+def _merge(best: _Best, run: _RunState, active: jax.Array, attack_all: bool) -> _Best:
+    """Fold one run into ``best`` for the ``active`` examples; the others keep theirs.
+
+    Base mode follows the reference: the first restart that fools an example wins and the
+    example is not attacked again. With ``attack_all`` the highest-loss point is kept and an
+    example is attacked again while the attacked function classifies that point correctly.
+    """
+    expand = lambda m: _per_example(m, best.x_best.ndim)
+    better = active & (run.loss_best > best.loss_best)
+    if attack_all:
+        robust = jnp.where(better, run.correct_best, best.robust)
+        x_adv = best.x_adv
+    else:
+        newly_fooled = active & ~run.robust
+        robust = best.robust & ~newly_fooled
+        x_adv = jnp.where(expand(newly_fooled), run.x_found, best.x_adv)
+    return _Best(
+        robust=robust,
+        x_adv=x_adv,
+        x_best=jnp.where(expand(better), run.x_best, best.x_best),
+        loss_best=jnp.where(better, run.loss_best, best.loss_best),
+        restarts=best.restarts + active.astype(jnp.int32),
+    )
+
+
+def _restart_sizes(batch: int) -> tuple[int, ...]:
+    """Batch sizes a restart may run on: powers of two from ``MIN_RESTART_BATCH``, and ``B``."""
+    sizes, size = [], MIN_RESTART_BATCH
+    while size < batch:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, batch)
+
+
+def _bound_rows(bound, rows, x0_ndim, batch):
+    """Rows of a box bound broadcastable to ``x0`` (a bound without a batch axis as is)."""
+    if bound is None or bound.ndim < x0_ndim or bound.shape[0] != batch:
+        return bound
+    return bound[rows]
+
+
+def _attack(
+    logits_fn, x0, y, eps, keys, lower, upper, *, norm, n_iter, n_restarts, loss, attack_all
+):
+    """Jitted body of :func:`apgd`; ``logits_fn`` is a pytree, ``keys`` one key per example."""
     loss_fn = _LOSS_FNS[loss]
     clean_logits = logits_fn(x0)
-    if clean_logits.ndim != 2 or clean_logits.shape[0] != x0.shape[0]:
+    batch = x0.shape[0]
+    if clean_logits.ndim != 2 or clean_logits.shape[0] != batch:
         raise ValueError(
-            f"logits_fn must map x0 of shape {x0.shape} to logits [B={x0.shape[0]}, C], "
+            f"logits_fn must map x0 of shape {x0.shape} to logits [B={batch}, C], "
             f"got shape {clean_logits.shape}"
         )
     loss_fn(clean_logits, y)  # shape checks (DLR class count) at trace time
 
-    def total_loss(x):
-        logits = logits_fn(x)
-        per_example = loss_fn(logits, y)
-        return jnp.sum(per_example), (per_example, logits)
+    def run_on(fn, x0_r, y_r, keys_r, r, lower_r, upper_r):
+        def total_loss(x):
+            logits = fn(x)
+            per_example = loss_fn(logits, y_r)
+            return jnp.sum(per_example), (per_example, logits)
 
-    grad_fn = jax.grad(total_loss, has_aux=True)
+        grad_fn = jax.grad(total_loss, has_aux=True)
 
-    def loss_and_grad(x):
-        grad, aux = grad_fn(x)
-        return aux, grad
+        def loss_and_grad(x):
+            grad, aux = grad_fn(x)
+            return aux, grad
+
+        restart_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_r, r)
+        return _single_run(
+            loss_and_grad, x0_r, y_r, eps, restart_keys, norm, n_iter, lower_r, upper_r
+        )
+
+    if attack_all:
+        robust = jnp.ones((batch,), bool)
+    else:
+        robust = jnp.argmax(clean_logits, axis=-1) == y
+    best = _Best(
+        robust=robust,
+        x_adv=x0,
+        x_best=x0,
+        loss_best=jnp.full(y.shape, -jnp.inf, x0.dtype),
+        restarts=jnp.zeros((batch,), jnp.int32),
+    )
+    # The first restart runs on the whole batch: nearly every example is still to attack.
+    best = _merge(best, run_on(logits_fn, x0, y, keys, 0, lower, upper), robust, attack_all)
+
+    if n_restarts > 1:
+        sizes = _restart_sizes(batch)
+
+        def on_rows(size):
+            """Restart ``r`` on the first ``size`` still-robust rows (``n`` of them valid)."""
+
+            def branch(r, order, n, best):
+                slot = jnp.arange(size)
+                valid = slot < n
+                # Padding slots repeat a valid row; their results are dropped below.
+                rows = jnp.where(valid, order[:size], order[0])
+                take = getattr(logits_fn, "take_rows", None)
+                run = run_on(
+                    logits_fn if take is None else take(rows),
+                    x0[rows],
+                    y[rows],
+                    keys[rows],
+                    r,
+                    _bound_rows(lower, rows, x0.ndim, batch),
+                    _bound_rows(upper, rows, x0.ndim, batch),
+                )
+                merged = _merge(jax.tree.map(lambda v: v[rows], best), run, valid, attack_all)
+                # Out-of-range indices (padding slots) are dropped by the scatter.
+                target = jnp.where(valid, rows, batch)
+                return jax.tree.map(
+                    lambda v, m: v.at[target].set(m, mode="drop"), best, merged
+                )
+
+            return branch
+
+        def skip(r, order, n, best):
+            return best
+
+        branches = [skip, *(on_rows(size) for size in sizes)]
+
+        def restart(r, best):
+            n = jnp.sum(best.robust, dtype=jnp.int32)
+            order = jnp.argsort(~best.robust, stable=True)  # still-robust rows first
+            which = jnp.where(n == 0, 0, 1 + jnp.searchsorted(jnp.asarray(sizes), n))
+            return jax.lax.switch(which, branches, r, order, n, best)
+
+        best = jax.lax.fori_loop(1, n_restarts, restart, best)
 
     expand = lambda m: _per_example(m, x0.ndim)
-
-    def restart(r, carry):
-        robust, x_adv, x_best, loss_best = carry
-        run = _single_run(
-            loss_and_grad, x0, y, eps, jax.random.fold_in(key, r), norm, n_iter, lower, upper
-        )
-        # Only inputs still robust at the start of this restart are updated, as the
-        # reference attacks only those; the first successful restart wins.
-        newly_fooled = robust & ~run.robust
-        better = robust & (run.loss_best > loss_best)
-        return (
-            robust & run.robust,
-            jnp.where(expand(newly_fooled), run.x_found, x_adv),
-            jnp.where(expand(better), run.x_best, x_best),
-            jnp.where(better, run.loss_best, loss_best),
-        )
-
-    robust = jnp.argmax(clean_logits, axis=-1) == y
-    init = (robust, x0, x0, jnp.full(y.shape, -jnp.inf, x0.dtype))
-    robust, x_adv, x_best, _ = jax.lax.fori_loop(0, n_restarts, restart, init)
-    x_out = jnp.where(expand(robust), x_best, x_adv)
+    x_out = best.x_best if attack_all else jnp.where(expand(best.robust), best.x_best, best.x_adv)
     final_logits = logits_fn(x_out)
     info = APGDInfo(
         loss=loss_fn(final_logits, y),
         fooled=jnp.argmax(final_logits, axis=-1) != y,
         perturbation_norm=_norm(x_out - x0, norm),
+        restarts=best.restarts,
     )
     return x_out, info
 
 
-_attack_jit = jax.jit(_attack, static_argnames=("norm", "n_iter", "n_restarts", "loss"))
+_attack_jit = jax.jit(
+    _attack, static_argnames=("norm", "n_iter", "n_restarts", "loss", "attack_all")
+)
 
 
 def _check_positive_int(name: str, value) -> None:
@@ -352,6 +472,19 @@ def _check_eps(eps) -> None:
         raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
 
 
+def _example_keys(key, batch: int) -> jax.Array:
+    """``[B]`` typed keys: ``key`` itself if it holds one per example, else ``fold_in(key, i)``."""
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)  # raw uint32[..., 2] keys
+    if key.shape == ():
+        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch))
+    if key.shape != (batch,):
+        raise ValueError(
+            f"key must be one PRNG key or one per example [B={batch}], got shape {key.shape}"
+        )
+    return key
+
+
 def apgd(
     logits_fn: Callable[[jax.Array], jax.Array],
     x0: jax.Array,
@@ -365,6 +498,7 @@ def apgd(
     loss: str = "ce",
     lower=None,
     upper=None,
+    attack_all: bool = False,
 ) -> tuple[jax.Array, APGDInfo]:
     """Untargeted APGD attack (Croce & Hein, ICML 2020), L-inf or L2.
 
@@ -374,31 +508,55 @@ def apgd(
     at most ``0.75`` of the steps since the previous checkpoint increased the loss, or
     when neither the step size nor the best loss changed since it; after halving,
     the iterate restarts from the best point. Each of ``n_restarts`` runs starts from a
-    fresh random point on the ``eps``-sphere (key ``fold_in(key, r)``) and only updates
-    inputs that are still robust, as the reference does.
+    fresh random point on the ``eps``-sphere, example ``i``'s from key
+    ``fold_in(key_i, r)`` in restart ``r``. As in the reference, restart ``r >= 1``
+    attacks only the examples still robust: they are gathered into a batch of the
+    smallest size in ``4, 8, 16, ..., B`` that holds them (padding repeats one of them),
+    and the restart is skipped when none is left; examples the attack has fooled keep
+    their result.
+
+    Example ``i``'s result depends only on ``x0[i]``, ``y[i]`` and ``key_i``, not on the
+    rest of the batch, provided ``logits_fn`` treats rows independently (and the
+    backend's arithmetic for a row does not depend on the batch size).
 
     One compilation per (``logits_fn``, shapes, ``norm``, ``n_iter``, ``n_restarts``,
-    ``loss``, presence of bounds): ``eps``, ``key`` and the bounds' values are traced.
-    ``logits_fn`` is compared by identity, so define it once; arrays it should take
-    as traced inputs can be bound with ``jax.tree_util.Partial(fn, *arrays)``.
+    ``loss``, ``attack_all``, presence of bounds): ``eps``, ``key`` and the bounds'
+    values are traced; with ``n_restarts > 1`` it holds one copy of the attack per
+    restart batch size. ``logits_fn`` is compared by identity, so define it once;
+    arrays it should take as traced inputs can be bound with
+    ``jax.tree_util.Partial(fn, *arrays)``.
 
     Args:
       logits_fn: pure function ``x[B, *event] -> logits[B, C]`` (generator and
-        classifier composed; parameters closed over or bound with ``Partial``).
+        classifier composed; parameters closed over or bound with ``Partial``), row
+        ``i`` of the output a function of row ``i`` of ``x`` only. A pytree that binds
+        per-example arrays (like :func:`cbcert.attacks.smoothed.smoothed_logits_fn`'s
+        noise keys) must define ``take_rows(rows[b]) -> logits_fn`` for the examples
+        ``rows``, so that restarts can run on a subset.
       x0: ``[B, *event]`` clean points of the perturbed space.
       y: ``[B]`` integer labels to move away from.
       eps: radius of the ball, a scalar > 0.
       norm: ``'linf'`` or ``'l2'`` (over all event axes of each example).
-      key: PRNG key for the random starts.
+      key: PRNG key for the random starts: one key (example ``i`` then uses
+        ``key_i = fold_in(key, i)``, which depends on its position in the batch) or
+        ``[B]`` keys, ``key_i = key[i]``.
       n_iter: iterations per restart (>= 1).
       n_restarts: number of random restarts (>= 1).
       loss: ``'ce'`` (cross-entropy, APGD-CE) or ``'dlr'`` (APGD-DLR, needs C >= 3).
       lower, upper: optional box bounds broadcastable to ``x0`` (``None`` = unbounded).
+      attack_all: attack every example whatever ``logits_fn`` predicts, and return its
+        highest-loss iterate; an example is attacked again in the next restart while
+        ``logits_fn`` classifies that point correctly. For a ``logits_fn`` that only
+        estimates the classifier finally judged (a smoothed classifier's EOT estimate),
+        whose misclassification of ``x0`` or of an iterate proves nothing. False (the
+        reference): examples misclassified at ``x0`` are returned unchanged, and a
+        fooled example keeps the first misclassified iterate.
 
     Returns:
       ``(x_adv, info)``: ``x_adv[B, *event]`` is the first misclassified iterate found
       for fooled inputs and the highest-loss iterate for robust ones (``x0`` itself
-      for inputs already misclassified); ``info`` is an :class:`APGDInfo`.
+      for inputs already misclassified), or the highest-loss iterate of every input
+      with ``attack_all``; ``info`` is an :class:`APGDInfo`.
     """
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
@@ -416,8 +574,9 @@ def apgd(
         )
     if not jnp.issubdtype(y.dtype, jnp.integer):
         raise ValueError(f"y must hold integer labels, got dtype {y.dtype}")
-    if not isinstance(logits_fn, Partial):
+    if not isinstance(logits_fn, Partial) and not hasattr(logits_fn, "take_rows"):
         logits_fn = Partial(logits_fn)
+    keys = _example_keys(jnp.asarray(key), x0.shape[0])
     eps = jnp.asarray(eps, x0.dtype)
     bounds = tuple(None if b is None else jnp.asarray(b, x0.dtype) for b in (lower, upper))
     return _attack_jit(
@@ -425,10 +584,11 @@ def apgd(
         x0,
         y,
         eps,
-        key,
+        keys,
         *bounds,
         norm=norm,
         n_iter=int(n_iter),
         n_restarts=int(n_restarts),
         loss=loss,
+        attack_all=bool(attack_all),
     )

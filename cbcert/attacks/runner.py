@@ -13,19 +13,20 @@ continuous concept representation ``c = E(g1(z))`` before decoding).
   point is then judged with Cohen et al.'s Monte Carlo ``PREDICT`` (``n`` samples, level α,
   abstain = wrong). The clean point is itself in the ε-ball, so robust means PREDICT is
   correct at *both* the clean and the adversarial point; robust accuracy ≤ clean accuracy.
-  As APGD leaves an input unchanged when the attacked function already misclassifies it,
-  an input whose EOT estimate ``argmax p̂`` is wrong at the clean point is not attacked
-  (``attack_fooled`` true, zero perturbation) even if PREDICT is right there; a larger
-  ``eot`` makes this rarer.
+  ``argmax p̂`` only estimates the smoothed prediction, so APGD runs with ``attack_all``:
+  every input is attacked and its highest-loss point judged, even where ``p̂`` already
+  misclassifies the clean point (``attack_fooled`` records ``argmax p̂ ≠ label`` at the
+  returned point).
 
 Keys (all from ``--seed``; ``root = jax.random.key(seed)``):
 
 * pool: ``STREAM_POOL`` of ``cbcert.certify.runner`` (same inputs as certification runs);
-* APGD random starts of one (model, ε, batch): ``fold_in(fold_in(fold_in(fold_in(root,
-  STREAM_ATTACK), model_id), bits(ε)), b)`` with ``model_id`` the model's position in
-  ``World.model_names``, ``bits(ε)`` the float32 bit pattern of ε and ``b = row // batch``
-  the batch number in the agreement set; so results do not depend on which other models or
-  budgets a run includes, and a resumed run repeats exactly the batches of the first one;
+* APGD random starts of input i (global pool index) for one (model, ε):
+  ``fold_in(fold_in(fold_in(fold_in(root, STREAM_ATTACK), model_id), bits(ε)), i)``, then
+  ``fold_in(·, r)`` for restart r, with ``model_id`` the model's position in
+  ``World.model_names`` and ``bits(ε)`` the float32 bit pattern of ε; so results do not
+  depend on ``batch`` or on which other models or budgets a run includes, and a resumed run
+  repeats exactly the first one;
 * EOT noise of input i (global pool index): ``fold_in(fold_in(root, STREAM_EOT), i)``,
   shared by models and budgets;
 * PREDICT noise: ``STREAM_ESTIMATE`` with ``sample_key(·, i, j)``, as ``certify predict``,
@@ -39,7 +40,7 @@ uninterrupted run's.
 
 from __future__ import annotations
 
-import json
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -58,12 +59,25 @@ from cbcert.certify.runner import (
     RECORDS,
     SUMMARY,
     agreement_pool,
+    check_types,
+    encode_inputs,
     open_run_dir,
-    read_records,
 )
 from cbcert.engine.keys import STREAM_ESTIMATE, stream_key
 from cbcert.engine.noise import BernoulliFlips, Gaussian
-from cbcert.engine.sampler import count_classes
+from cbcert.engine.sampler import batch_within_memory, count_classes, map_inputs
+from cbcert.runs.directory import (
+    check_field,
+    check_writable,
+    finite_or_none,
+    hold,
+    json_line,
+    read_records,
+    write_json,
+)
+
+# APGD's smallest sub-batch: XLA:CPU rounds a row differently in batches of 1-2 than in 4+.
+MIN_ATTACK_CHUNK = 4
 
 # Streams of the root key used by attack runs only (0, 1: engine; 2: the input pool).
 STREAM_ATTACK = 3
@@ -139,16 +153,17 @@ class _Head:
         return self.apply(params, x)[:, self.head]
 
 
-def attack_key(root: jax.Array, model_id: int, eps: float, batch_number: int) -> jax.Array:
-    """APGD key of one (model, ε, batch number b).
+def attack_keys(root: jax.Array, model_id: int, eps: float, indices: np.ndarray) -> jax.Array:
+    """APGD keys ``[B]`` of one (model, ε) for global inputs ``indices[B]``.
 
-    ``fold_in(fold_in(fold_in(fold_in(root, STREAM_ATTACK), model_id), bits(ε)), b)`` with
+    ``fold_in(fold_in(fold_in(fold_in(root, STREAM_ATTACK), model_id), bits(ε)), i)`` with
     ``bits(ε)`` the float32 bit pattern of ε, so equal budgets give equal keys whatever the
-    other budgets of the run.
+    other budgets of the run, and an input's key does not depend on its batch.
     """
     eps_bits = int(np.float32(eps).view(np.uint32))
     key = jax.random.fold_in(stream_key(root, STREAM_ATTACK), model_id)
-    return jax.random.fold_in(jax.random.fold_in(key, eps_bits), batch_number)
+    key = jax.random.fold_in(key, eps_bits)
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(indices, jnp.uint32))
 
 
 def eot_keys(root: jax.Array, indices: np.ndarray) -> jax.Array:
@@ -167,10 +182,12 @@ def _pad(x: np.ndarray, size: int) -> np.ndarray:
 class _Attacker:
     """Everything one run needs per unit, built once so that each model compiles once."""
 
-    def __init__(self, world, job: AttackJob):
+    def __init__(self, world, job: AttackJob, chunk_size: int | None = None,
+                 max_memory: int | None = None):
         self.job = job
         self.world = world
         self.params = world.params
+        self.memory = dict(chunk_size=chunk_size, max_memory=max_memory)
         self.root = jax.random.key(job.seed)
         k = world.generator.num_concepts
         if job.space == "latent":
@@ -191,6 +208,32 @@ class _Attacker:
         self.model_id = {m: world.model_names.index(m) for m in job.models}
         # Takes the logits function as a pytree argument: params are traced, not baked in.
         self.evaluate = jax.jit(lambda logits_fn, x: logits_fn(x))
+        self._chunks: dict[str, int] = {}
+
+    def chunk(self, model: str, example: np.ndarray) -> int:
+        """Inputs per APGD call for ``model``: ``--chunk-size``, or what ``max_memory`` fits.
+
+        One attacked input costs a forward and backward pass of the generator and classifier
+        (``eot`` of them when smoothed); the batch is the largest power of two of those within
+        the memory budget, between ``MIN_ATTACK_CHUNK`` and ``--batch``. Sub-batches do not
+        change results: every input has its own random starts and EOT noise.
+        """
+        job = self.job
+        if self.memory["chunk_size"] is not None:
+            return max(min(self.memory["chunk_size"], job.batch), 1)
+        if model not in self._chunks:
+            head = self.logits[model].func
+
+            def gradient(params, x):
+                y = jnp.zeros(x.shape[0], jnp.int32)
+                return jax.grad(lambda x: -jnp.sum(jax.nn.log_softmax(head(params, x))[
+                    jnp.arange(x.shape[0]), y]))(x)
+
+            self._chunks[model] = batch_within_memory(
+                gradient, self.params, example.shape[1:], example.dtype,
+                max_memory=self.memory["max_memory"], factor=job.eot if job.smoothed else 1,
+                minimum=min(MIN_ATTACK_CHUNK, job.batch), maximum=job.batch)
+        return self._chunks[model]
 
     def clean_predictions(self, x: np.ndarray, idx: np.ndarray) -> dict[str, dict]:
         """Per model: clean prediction ``[v]`` (PREDICT when smoothed, argmax otherwise)."""
@@ -200,12 +243,8 @@ class _Attacker:
                 m: _prediction_fields(predict_counts(counts[:, h], self.job.alpha))
                 for h, m in enumerate(self.job.models)
             }
-        all_heads = Partial(self.apply_all, self.params)
-        logits = np.asarray(self.evaluate(all_heads, jnp.asarray(x)))  # [v, H, C]
-        return {
-            m: {"prediction": np.argmax(logits[:, h], axis=-1)}
-            for h, m in enumerate(self.job.models)
-        }
+        labels = map_inputs(_argmax(self.apply_all), self.params, x, **self.memory)  # [v, H]
+        return {m: {"prediction": labels[:, h]} for h, m in enumerate(self.job.models)}
 
     def _counts(self, apply_fn, x, idx) -> np.ndarray:
         return count_classes(
@@ -219,30 +258,43 @@ class _Attacker:
             num_classes=self.world.num_classes,
             indices=idx,
             progress=False,
+            **self.memory,
         )
 
-    def attack(self, model: str, eps: float, b: int, x, labels, idx) -> dict[str, np.ndarray]:
-        """Attack ``x[v, *event]`` (batch number ``b``) at budget ε; per-input fields ``[v]``."""
+    def attack(self, model: str, eps: float, x, labels, idx) -> dict[str, np.ndarray]:
+        """Attack ``x[v, *event]`` (global inputs ``idx[v]``) at budget ε; fields ``[v]``.
+
+        Runs APGD on sub-batches of `chunk` inputs (the last padded), so no call holds more
+        than the memory budget whatever ``--batch`` is.
+        """
+        size = self.chunk(model, x)
+        parts = [self._attack(model, eps, x[s:s + size], labels[s:s + size], idx[s:s + size],
+                              size) for s in range(0, len(x), size)]
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+    def _attack(self, model: str, eps: float, x, labels, idx, size: int) -> dict[str, np.ndarray]:
         job, valid = self.job, len(x)
         logits_fn = self.logits[model]
+        padded_idx = _pad(idx, size)
         if job.smoothed:
             logits_fn = smoothed_logits_fn(
                 logits_fn,
                 noise=self.noise.perturb,
                 noise_param=jnp.float32(job.scale),
-                noise_keys=eot_keys(self.root, _pad(idx, job.batch)),
+                noise_keys=eot_keys(self.root, padded_idx),
                 eot=job.eot,
             )
         x_adv, info = apgd(
             logits_fn,
-            jnp.asarray(_pad(x, job.batch)),
-            jnp.asarray(_pad(labels, job.batch), jnp.int32),
+            jnp.asarray(_pad(x, size)),
+            jnp.asarray(_pad(labels, size), jnp.int32),
             eps=eps,
             norm=job.norm,
-            key=attack_key(self.root, self.model_id[model], eps, b),
+            key=attack_keys(self.root, self.model_id[model], eps, padded_idx),
             n_iter=job.iters,
             n_restarts=job.restarts,
             loss=job.loss,
+            attack_all=job.smoothed,
         )
         x_adv = np.asarray(x_adv)[:valid]
         fields = {
@@ -254,9 +306,15 @@ class _Attacker:
             counts = self._counts(self.apply_one[model], x_adv, idx)[:, 0]  # [v, C]
             fields.update(_prediction_fields(predict_counts(counts, job.alpha)))
         else:
-            logits = np.asarray(self.evaluate(self.logits[model], jnp.asarray(x_adv)))
-            fields["prediction"] = np.argmax(logits, axis=-1)
+            logits = np.asarray(self.evaluate(self.logits[model], jnp.asarray(_pad(x_adv, size))))
+            fields["prediction"] = np.argmax(logits[:valid], axis=-1)
         return fields
+
+
+@functools.lru_cache(maxsize=32)
+def _argmax(apply_fn: Callable) -> Callable:
+    """``(params, x[B, *event]) -> int32[B, H]`` argmax of every head (one object: one jit)."""
+    return lambda params, x: jnp.argmax(apply_fn(params, x), axis=-1).astype(jnp.int32)
 
 
 def _prediction_fields(result) -> dict[str, np.ndarray]:
@@ -269,6 +327,8 @@ def run(
     out: str | Path,
     *,
     progress: Callable[[int, int], None] | None = None,
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
 ) -> dict[str, Any]:
     """Attack every model of ``job`` at every budget on the agreement pool; resumable.
 
@@ -278,21 +338,58 @@ def run(
     p-values when smoothed; predictions are ``ABSTAIN`` = −1 when PREDICT abstains) and
     finally ``summary.json``. ``progress(done, total)`` counts (batch, model, ε) units.
 
+    ``chunk_size`` caps the inputs per APGD call and the (input, sample) pairs per engine
+    chunk; by default both come from ``max_memory`` (see `_Attacker.chunk`).
+
     Returns the summary (:func:`summarize_records`).
     """
     out = Path(out)
     world.check_models(job.models)
-    open_run_dir(out, {"job": asdict(job), "world": world.name})
-    records_path = out / RECORDS
-    records = read_records(records_path)
-    done = {(r["index"], r["model"], r["eps"]) for r in records}
+    check_writable(out)
+    with hold(out):
+        return _run(world, job, out, progress, chunk_size, max_memory)
 
-    pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space)
+
+# JSON types of the record fields (see `check_types`); smoothed runs add the p-values.
+_RECORD_TYPES: dict[str, tuple] = {
+    "index": (int,), "model": (str,), "eps": (int, float), "label": (int,),
+    "clean_prediction": (int,), "adversarial_prediction": (int,), "loss": (int, float, None),
+    "perturbation_norm": (int, float), "attack_fooled": (bool,), "robust": (bool,),
+    "seconds": (int, float),
+}
+_SMOOTHED_TYPES = {"clean_p_value": (int, float), "adversarial_p_value": (int, float)}
+
+
+def records_of(path: Path, job: AttackJob, indices) -> list[dict]:
+    """The checked records of an attack run: one per (input, model, ε) of ``job``.
+
+    Raises `RecordsError` for a malformed line, an input, model or budget that is not part of
+    the run, a field of the wrong type, or two different records for one key.
+    """
+    indices, models, budgets = set(map(int, indices)), set(job.models), set(map(float, job.eps))
+    types = {**_RECORD_TYPES, **(_SMOOTHED_TYPES if job.smoothed else {})}
+
+    def check(record: dict) -> None:
+        check_types(record, types)
+        check_field(record, "index", indices, "an input of this run")
+        check_field(record, "model", models, f"one of the run's models {sorted(models)}")
+        check_field(record, "eps", budgets, f"one of the run's budgets {sorted(budgets)}")
+
+    return read_records(path, key=lambda r: (r["index"], r["model"], r["eps"]), check=check)
+
+
+def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> dict[str, Any]:
+    open_run_dir(out, {"job": asdict(job), "world": world.name})
+    memory = dict(chunk_size=chunk_size, max_memory=max_memory)
+    pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
+    records_path = out / RECORDS
+    records = records_of(records_path, job, pool.indices)
+    done = {(r["index"], r["model"], r["eps"]) for r in records}
     if job.space == "latent":
         inputs = pool.latents
     else:
-        inputs = np.asarray(jax.jit(world.encode_latents)(world.params, pool.latents))
-    attacker = _Attacker(world, job)
+        inputs = encode_inputs(world, pool.latents, **memory)
+    attacker = _Attacker(world, job, **memory)
 
     units = [
         (b, m, float(e))
@@ -321,21 +418,21 @@ def run(
             clean = attacker.clean_predictions(x, idx)
             for model, eps in todo:
                 tic = time.perf_counter()
-                adv = attacker.attack(model, eps, start // job.batch, x, labels, idx)
+                adv = attacker.attack(model, eps, x, labels, idx)
                 seconds = (time.perf_counter() - tic) / len(rows)
                 for r, i in enumerate(idx):
                     if (int(i), model, eps) in done:
                         continue
                     record = _record(int(i), model, eps, int(labels[r]), clean[model], adv, r)
-                    sink.write(json.dumps({**record, "seconds": seconds}) + "\n")
+                    sink.write(json_line({**record, "seconds": seconds}))
                 sink.flush()
                 finished += 1
                 if progress:
                     progress(finished, total)
 
-    summary = summarize_records(read_records(records_path), job)
+    summary = summarize_records(records_of(records_path, job, pool.indices), job)
     summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / SUMMARY, summary)
     return summary
 
 
@@ -349,7 +446,7 @@ def _record(index, model, eps, label, clean, adv, r) -> dict[str, Any]:
         "label": label,
         "clean_prediction": clean_pred,
         "adversarial_prediction": adv_pred,
-        "loss": float(adv["loss"][r]),
+        "loss": finite_or_none(adv["loss"][r]),
         "perturbation_norm": float(adv["perturbation_norm"][r]),
         "attack_fooled": bool(adv["attack_fooled"][r]),
         "robust": clean_pred == label and adv_pred == label,
@@ -397,16 +494,16 @@ def summarize_records(records: list[dict], job: AttackJob) -> dict[str, Any]:
                     "robust_accuracy": _mean(robust),
                     "adversarial_abstain_rate": _mean(adv == ABSTAIN),
                     "mean_perturbation_norm": _mean([r["perturbation_norm"] for r in rows]),
-                    "mean_loss": _mean([r["loss"] for r in rows]),
+                    "mean_loss": _mean([r["loss"] for r in rows if r["loss"] is not None]),
                 }
             )
         result["models"][model] = {"clean_accuracy": clean_acc, "budgets": per_eps}
     return result
 
 
-def _mean(values) -> float:
+def _mean(values) -> float | None:
     values = np.asarray(values, np.float64)
-    return float(values.mean()) if values.size else float("nan")
+    return float(values.mean()) if values.size else None
 
 
-__all__ = ["AttackJob", "attack_key", "eot_keys", "run", "summarize_records"]
+__all__ = ["AttackJob", "attack_keys", "eot_keys", "run", "summarize_records"]

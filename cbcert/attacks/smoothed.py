@@ -17,7 +17,6 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.tree_util import Partial
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +54,31 @@ class _SmoothedLogProbs:
         return jax.nn.logsumexp(log_probs, axis=1) - jnp.log(self.eot)  # [B, C]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class SmoothedLogits:
+    """``x[B, *event] -> log p_hat[B, C]``: the static part with its traced arrays bound.
+
+    A pytree (``noise_param`` and ``noise_keys`` are its leaves), so ``apgd`` traces them;
+    ``take_rows`` restricts it to some examples, with their own noise keys.
+    """
+
+    static: _SmoothedLogProbs
+    noise_param: jax.Array
+    noise_keys: jax.Array  # [B]
+
+    def __call__(self, x):
+        return self.static(self.noise_param, self.noise_keys, x)
+
+    def take_rows(self, rows: jax.Array) -> SmoothedLogits:
+        """The same function for the examples ``rows[b]`` (indices into the batch)."""
+        return dataclasses.replace(self, noise_keys=self.noise_keys[rows])
+
+
+jax.tree_util.register_dataclass(
+    SmoothedLogits, data_fields=["noise_param", "noise_keys"], meta_fields=["static"]
+)
+
+
 def smoothed_logits_fn(
     logits_fn: Callable[[jax.Array], jax.Array],
     *,
@@ -62,19 +86,19 @@ def smoothed_logits_fn(
     noise_param,
     noise_keys: jax.Array,
     eot: int,
-) -> Partial:
+) -> SmoothedLogits:
     """Logits of the Monte Carlo smoothed classifier, for attacking it with APGD.
 
     Returns ``g(x[B, *event]) = log p_hat(x)[B, C]`` where
     ``p_hat(x)_i = (1/eot) sum_j softmax(f(noise(k_ij, x_i, noise_param)))`` and
     ``k_ij = fold_in(noise_keys[i], j)`` (SmoothAdv's fixed noise samples, Salman et
     al. 2019, Sec. 3). ``cross_entropy(g(x), y) = -log p_hat(x)_y`` is the SmoothAdv
-    loss, so pass ``g`` to :func:`cbcert.attacks.apgd.apgd` with ``loss='ce'``; the
-    attack's own success test then uses the soft smoothed prediction ``argmax p_hat``.
-    Judge the adversarial points with the Monte Carlo ``PREDICT`` of the smoothed
-    classifier, not with ``p_hat``.
+    loss, so pass ``g`` to :func:`cbcert.attacks.apgd.apgd` with ``loss='ce'`` and
+    ``attack_all=True``: ``argmax p_hat`` is only an estimate of the smoothed prediction,
+    so its misclassifying a point must not stop the attack. Judge the adversarial points
+    with the Monte Carlo ``PREDICT`` of the smoothed classifier, not with ``p_hat``.
 
-    The result is a ``jax.tree_util.Partial`` whose arrays (``noise_param``,
+    The result is a :class:`SmoothedLogits` pytree whose arrays (``noise_param``,
     ``noise_keys``) are traced by ``apgd``: one compilation per (``logits_fn``,
     ``noise``, ``eot``, shapes). A plain ``noise`` function is compared by identity;
     a bound method (``Gaussian().perturb``) by its function and by its owner's value,
@@ -97,4 +121,4 @@ def smoothed_logits_fn(
         static = _SmoothedLogProbs(logits_fn, noise.__func__, noise.__self__, int(eot))
     else:
         static = _SmoothedLogProbs(logits_fn, noise, None, int(eot))
-    return Partial(static, noise_param, noise_keys)
+    return SmoothedLogits(static, jnp.asarray(noise_param), noise_keys)

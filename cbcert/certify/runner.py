@@ -11,7 +11,6 @@ run's. Analysis (``summarize_records``) is separate from sampling.
 from __future__ import annotations
 
 import functools
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -40,9 +39,9 @@ from cbcert.runs.directory import (
     hold,
     json_line,
     open_run,
+    read_records,
     write_json,
 )
-from cbcert.runs.directory import read_records as read_checked_records
 
 # Streams of the root key besides the engine's selection/estimation streams.
 STREAM_POOL = 2
@@ -234,14 +233,6 @@ def noise_model(job: CertifyJob, num_concepts: int):
     return FixedFlips(num_concepts)
 
 
-def read_records(path: Path) -> list[dict]:
-    """Complete JSONL records of ``path`` keyed by their full content (torn last line dropped).
-
-    Kept for the attack runner until it validates its records like `run`.
-    """
-    return read_checked_records(Path(path), key=lambda r: json.dumps(r, sort_keys=True))
-
-
 def open_run_dir(out: Path, meta: dict[str, Any]) -> None:
     """``runs.directory.open_run`` with the versions and devices (see `run_info`)."""
     open_run(out, meta, run_info())
@@ -291,7 +282,7 @@ def records_of(path: Path, job: CertifyJob, indices) -> list[dict]:
         check_field(record, "index", indices, "an input of this run")
         check_field(record, "model", models, f"one of the run's models {sorted(models)}")
 
-    return read_checked_records(path, key=lambda r: (r["index"], r["model"]), check=check)
+    return read_records(path, key=lambda r: (r["index"], r["model"]), check=check)
 
 
 def run(

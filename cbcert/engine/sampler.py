@@ -195,6 +195,43 @@ def map_inputs(
     return jax.tree.map(lambda leaf: leaf[:, 0], out)
 
 
+def batch_within_memory(fn: Callable, params, event_shape: tuple[int, ...], dtype, *,
+                        max_memory: int | None = None, factor: int = 1, minimum: int = 1,
+                        maximum: int | None = None, mesh: Mesh | None = None) -> int:
+    """Largest power-of-two batch B with ``factor · B`` inputs of ``fn`` within ``max_memory``.
+
+    For work the sampler does not run itself, e.g. APGD's gradient steps: the bytes one input
+    costs come from XLA's memory analysis of ``jax.jit(fn)(params, x[8, *event])``
+    (temporaries, outputs and the per-input arguments), as for `count_classes`' chunks.
+    ``factor`` multiplies the cost of one input (e.g. the EOT samples behind each attacked
+    point); the result is clipped to ``[minimum, maximum]``.
+
+    Args:
+      fn: ``fn(params, x[B, *event]) -> pytree``, pure and jittable.
+      params: its parameters (their bytes are not charged to the inputs).
+      event_shape, dtype: shape and dtype of one input.
+      max_memory: bytes per device (default: as `count_classes`).
+    """
+    mesh = sharding.default_mesh() if mesh is None else mesh
+    budget = _check_max_memory(max_memory, mesh)
+    probe = _PROBE_PAIRS_PER_DEVICE
+    x = jax.ShapeDtypeStruct((probe, *event_shape), np.dtype(dtype))
+    analysis = jax.jit(fn).lower(params, x).compile().memory_analysis()
+    event_bytes = math.prod(event_shape) * np.dtype(dtype).itemsize
+    if analysis is None:
+        per_input = 4.0 * event_bytes
+    else:
+        params_bytes = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(params))
+        args = max(analysis.argument_size_in_bytes - params_bytes, 0.0)
+        used = analysis.temp_size_in_bytes + analysis.output_size_in_bytes + args
+        per_input = max(used / probe, float(event_bytes))
+    fits = max(int(budget // (per_input * max(factor, 1))), 1)
+    batch = 1 << (fits.bit_length() - 1)
+    if maximum is not None:
+        batch = min(batch, maximum)
+    return max(batch, minimum)
+
+
 @dataclasses.dataclass(frozen=True)
 class Unperturbed:
     """The identity "noise" of `map_inputs`: every sample is the clean input."""
