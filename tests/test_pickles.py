@@ -130,7 +130,7 @@ def stored(name: str, data: bytes) -> tuple[str, bytes, int, int, int]:
 
 
 RUNNER = textwrap.dedent("""
-    import json, resource, sys
+    import json, sys
     from cbcert.convert import pickles, stylegan2
 
     loaders = {"pickle": pickles.load_pickle, "zip": pickles.load_torch_zip,
@@ -145,7 +145,10 @@ RUNNER = textwrap.dedent("""
             outcome, message = "refused", str(err)
         except Exception as err:  # anything but ValueError is a loader bug
             outcome, message = f"raised {type(err).__name__}", str(err)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        # VmHWM is this process's own high-water mark; ru_maxrss would also count the RSS of
+        # the (large) pytest process this one was forked from, which Linux carries over exec.
+        status = open("/proc/self/status").read()
+        peak = int(status.split("VmHWM:")[1].split()[0]) * 1024
         print(json.dumps({"case": name, "outcome": outcome, "message": message, "peak": peak}),
               flush=True)
 """)
