@@ -57,7 +57,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from cbcert.engine import keys, noise, sampler  # noqa: E402
-from cbcert.models.layers import conv_patches  # noqa: E402
+from cbcert.nn.layers import conv_patches  # noqa: E402
 
 torch.set_num_threads(THREADS)
 torch.set_num_interop_threads(1)
@@ -217,7 +217,7 @@ def jax_params_from_torch(model: nn.Module) -> dict:
 
 
 def conv_im2col(x: jax.Array, w: jax.Array, stride: int, pad: int, acc_dtype) -> jax.Array:
-    """NHWC convolution as one patch matmul (``cbcert.models.layers.conv_patches``, what the
+    """NHWC convolution as one patch matmul (``cbcert.nn.layers.conv_patches``, what the
     models use), accumulating in ``acc_dtype``."""
     return conv_patches(x, w, stride, pad, preferred_element_type=acc_dtype)
 
@@ -329,7 +329,8 @@ WORLD_MODELS = ("std", "cbm", "proto")
 
 def load_default_world():
     """The default world with the shipped trained weights if present, else untrained ones."""
-    from cbcert import builtin, checkpoint
+    from cbcert.io import checkpoint
+    from cbcert.worlds import builtin
 
     if (builtin.weights_path("default") / checkpoint.MANIFEST).is_file():
         return builtin.load_builtin("default"), "trained (shipped checkpoint)"
@@ -340,10 +341,10 @@ def torch_world(world, clf_params) -> nn.Module:
     """The PyTorch twin of ``world.latent_apply(WORLD_MODELS)`` with ``clf_params``."""
     from world_torch import WorldTorch
 
-    from cbcert.generators.world import WorldConfig
+    from cbcert.generators.concept_world import ConceptWorldConfig
 
     to_numpy = lambda tree: jax.tree.map(np.asarray, tree)  # noqa: E731
-    return WorldTorch(WorldConfig.from_preset("default"), to_numpy(world.generator.params),
+    return WorldTorch(ConceptWorldConfig.from_preset("default"), to_numpy(world.generator.params),
                       to_numpy(clf_params), WORLD_MODELS).eval()
 
 

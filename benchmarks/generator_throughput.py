@@ -123,16 +123,17 @@ import test_convert_cbae as cbae_ref  # noqa: E402
 import test_convert_resnet as resnet_ref  # noqa: E402
 import test_convert_stylegan2 as stylegan2_ref  # noqa: E402
 
-from cbcert.convert import pure_apply  # noqa: E402
 from cbcert.convert.biggan import biggan_from_state_dict, config_from_dict  # noqa: E402
 from cbcert.convert.cbae import cbae_from_state_dict  # noqa: E402
 from cbcert.convert.stylegan2 import stylegan2_from_state_dict  # noqa: E402
 from cbcert.convert.torchvision import resnet_from_state_dict  # noqa: E402
-from cbcert.generators import stylegan2 as sg  # noqa: E402
 from cbcert.generators.biggan import biggan_generator  # noqa: E402
 from cbcert.generators.cbae import CBAEConfig  # noqa: E402
-from cbcert.pipeline import World  # noqa: E402
-from cbcert.worlds import Preprocess  # noqa: E402
+from cbcert.generators.stylegan2 import config as sg_config  # noqa: E402
+from cbcert.generators.stylegan2.generator import stylegan2_generator  # noqa: E402
+from cbcert.io.registry import pure_apply  # noqa: E402
+from cbcert.worlds.manifest import Preprocess  # noqa: E402
+from cbcert.worlds.world import World  # noqa: E402
 
 state_dict_numpy = resnet_ref.state_dict_numpy
 
@@ -217,7 +218,7 @@ def build_resnet50(num_classes: int):
 
 def build_stylegan2(spec: dict, cbae_spec: dict):
     """Random StyleGAN2 + CB-AE (PyTorch) and cbcert's ``Generator`` converted from them."""
-    channels = sg.channels_from_base(spec["channel_base"], spec["channel_max"],
+    channels = sg_config.channels_from_base(spec["channel_base"], spec["channel_max"],
                                      spec["resolution"])
     torch.manual_seed(0)
     generator = stylegan2_ref.Generator(
@@ -231,7 +232,7 @@ def build_stylegan2(spec: dict, cbae_spec: dict):
         for name, tensor in generator.named_parameters():
             if name.endswith(("torgb.weight", "torgb.bias")):
                 tensor.mul_(gain)
-    config = sg.StyleGAN2Config(
+    config = sg_config.StyleGAN2Config(
         z_dim=spec["z_dim"], w_dim=spec["w_dim"], img_resolution=spec["resolution"],
         img_channels=3, channels=channels, mapping_layers=8, conv_clamp=CONV_CLAMP)
     ported = stylegan2_from_state_dict(config, state_dict_numpy(generator))
@@ -249,7 +250,7 @@ def build_stylegan2(spec: dict, cbae_spec: dict):
                 module.running_var.uniform_(0.3, 2.0)
     cbae.eval()
     ported_cbae = cbae_from_state_dict(cb_config, state_dict_numpy(cbae))
-    gen = sg.stylegan2_generator(ported, ported_cbae, TRUNCATION_PSI, None)
+    gen = stylegan2_generator(ported, ported_cbae, TRUNCATION_PSI, None)
     description = (f"StyleGAN2-{spec['resolution']} (channels {channels}, w {spec['w_dim']}, "
                    f"{config.num_ws} ws, conv_clamp {CONV_CLAMP:g}, ψ {TRUNCATION_PSI}) + CB-AE "
                    f"(K={cb_config.num_concepts}, U={cb_config.num_unsup})")
@@ -405,7 +406,7 @@ def run_pipeline(name: str, torch_images: nn.Module, gen, description: str, scal
     best_batch = max(rates, key=rates.get)
 
     kwargs = {}
-    if ARGS.dtype == "bfloat16":  # as cbcert.certify.runner does for --dtype bfloat16
+    if ARGS.dtype == "bfloat16":  # as cbcert.runs.certify does for --dtype bfloat16
         params = jax.tree.map(lambda a: a.astype(jnp.bfloat16)
                               if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
         kwargs["dtype"] = jnp.bfloat16

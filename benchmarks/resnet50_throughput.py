@@ -65,8 +65,8 @@ def main() -> None:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
     from test_convert_resnet import state_dict_numpy, torch_resnet  # reference, no torchvision
 
-    from cbcert.convert import pure_apply
     from cbcert.convert.torchvision import resnet_from_state_dict
+    from cbcert.io.registry import pure_apply
 
     torch.set_num_threads(args.threads)
     # XLA's CPU runtime flushes denormals to zero; torch must too, or random-weight activations

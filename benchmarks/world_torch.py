@@ -1,7 +1,8 @@
 """PyTorch twin of the built-in world pipeline, for benchmarks only.
 
 ``WorldTorch(world, models)(z[B, d]) -> logits[B, len(models), C]`` computes the same maths as
-``world.latent_apply(models)`` (``cbcert.generators.world`` renderer and ``g = g2 ∘ D ∘ E ∘ g1``,
+``world.latent_apply(models)`` (``cbcert.generators.concept_world`` renderer and
+``g = g2 ∘ D ∘ E ∘ g1``,
 then the ``cbcert.models.world_nets`` classifiers) with the same weights, written the way a
 PyTorch user would: NCHW images, ``F.conv2d`` for the ``PatchConv`` layers (kernels HWIO → OIHW).
 It mirrors ``world.render`` as of commit 95b2fb0; the benchmark's parity check catches drift.
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cbcert.generators.world import _NUISANCE_NAMED, VOCABULARY
+from cbcert.generators.concept_world import _NUISANCE_NAMED, VOCABULARY
 
 
 def _tensor(value) -> torch.Tensor:
@@ -31,7 +32,8 @@ def _over(base, colour, alpha):
 
 
 class TorchGenerator(nn.Module):
-    """``g(z) = g2(D(E(g1(z))))`` of ``cbcert.generators.world``: ``z[B, d] -> x[B, 3, H, W]``."""
+    """``g(z) = g2(D(E(g1(z))))`` of ``cbcert.generators.concept_world``:
+    ``z[B, d] -> x[B, 3, H, W]``."""
 
     def __init__(self, config, params: dict):
         super().__init__()

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from cbcert.pipeline import World
+from cbcert.worlds.world import World
 
 
 def spy_world(world: World) -> tuple[World, list[tuple[str, int]]]:

@@ -2,14 +2,17 @@
 
 import json
 import shutil
+from dataclasses import asdict
 
 import jax
 import numpy as np
 import pytest
 
-from cbcert import checkpoint
-from cbcert.builtin import load_builtin, weights_path
-from cbcert.train_world import TrainConfig
+from cbcert.generators.concept_world import ConceptWorldConfig
+from cbcert.io import checkpoint, registry
+from cbcert.models.world_nets import HEADS
+from cbcert.training.world_nets import TrainConfig
+from cbcert.worlds.builtin import load_builtin, net_config_for, weights_path
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +40,13 @@ def test_shipped_weights_reproduce_documented_accuracies(manifest):
     Every accuracy equals the documented one up to the predictions that sit on a float32 tie
     (``_fragile``); there must be few of those, or the check would mean nothing.
     """
-    from cbcert.builtin import abstract_classifiers, net_config_for
-    from cbcert.generators.world import WorldConfig, make_world
+    from cbcert.generators.concept_world import ConceptWorldConfig, make_world
     from cbcert.models.world_nets import HEADS
-    from cbcert.train_world import _data, merge
+    from cbcert.training.world_nets import _data, merge
+    from cbcert.worlds.builtin import abstract_classifiers, net_config_for
 
     world = load_builtin("default")
-    config = WorldConfig.from_preset("default")
+    config = ConceptWorldConfig.from_preset("default")
     graphdef, state = abstract_classifiers(net_config_for(config))
     train = TrainConfig(**manifest["metrics"]["train_config"])
     key = jax.random.fold_in(jax.random.key(train.seed), 9)
@@ -75,11 +78,47 @@ def test_shipped_weights_reproduce_documented_accuracies(manifest):
     assert documented["accuracy"]["std"] > 0.9 and documented["accuracy"]["cbm"] > 0.9
 
 
-def test_shipped_manifest_names_its_world():
+def test_shipped_manifest_names_its_world(manifest):
     world = load_builtin("default")
     assert world.name == "builtin:default"
     assert world.model_names == ("std", "cbm", "cbmh", "proto")
     assert world.num_classes == 10
+    # The one checkpoint format: kind + architecture config + both hashes, checked on load.
+    config = ConceptWorldConfig.from_preset("default")
+    assert manifest["format_version"] == 2 and manifest["kind"] == "world-classifiers"
+    assert manifest["config"] == json.loads(json.dumps(asdict(net_config_for(config))))
+    assert manifest["world_config"] == json.loads(json.dumps(asdict(config)))
+    assert manifest["params_sha256"] == checkpoint.params_sha256(world.classifier_params)
+    module, _ = registry.load_module(weights_path("default"))
+    z = jax.random.normal(jax.random.key(0), (4, world.generator.latent_dim))
+    x = world.latent_images(world.params, z)
+    np.testing.assert_array_equal(module.heads(x), world.classify(world.classifier_params, x,
+                                                                  HEADS))
+
+
+def test_train_world_writes_the_same_format(tmp_path):
+    """``save_trained`` output loads as the built-in world (here with untrained nets)."""
+    from flax import nnx
+
+    from cbcert.models.world_nets import WorldClassifiers
+    from cbcert.training.world_nets import save_trained, split_model
+
+    config = ConceptWorldConfig.from_preset("default")
+    net_config = net_config_for(config)
+    graphdef, state, params = split_model(WorldClassifiers(net_config, rngs=nnx.Rngs(5)))
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "old.txt").write_text("replaced")
+    path = save_trained(tmp_path / "w", config, (net_config, graphdef, state, params,
+                                                 {"accuracy": {"std": 0.5}}))
+    assert path == (tmp_path / "w").absolute() and not (path / "old.txt").exists()
+    written = checkpoint.read_manifest(path)
+    assert written["kind"] == "world-classifiers" and written["metrics"] == {"accuracy":
+                                                                             {"std": 0.5}}
+    world = load_builtin("default", weights=path)
+    assert world.metadata["metrics"] == {"accuracy": {"std": 0.5}}
+    for (_, a), (_, b) in zip(jax.tree_util.tree_flatten_with_path(world.classifier_params)[0],
+                              jax.tree_util.tree_flatten_with_path(params)[0], strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_corrupted_shipped_checkpoint_is_refused(tmp_path):
@@ -102,4 +141,11 @@ def test_missing_weights_say_how_to_train(tmp_path):
 def test_weights_for_another_world_are_refused():
     with pytest.raises(checkpoint.CheckpointError, match="not for preset 'k8'"):
         load_builtin("k8", weights=weights_path("default"))
+
+
+def test_a_checkpoint_of_another_kind_is_refused(tmp_path):
+    checkpoint.save(tmp_path / "w", {"a": np.zeros(2, np.float32)}, {"kind": "cbae",
+                                                                     "config": {}})
+    with pytest.raises(checkpoint.CheckpointError, match="kind='cbae', not 'world-classifiers'"):
+        load_builtin("default", weights=tmp_path / "w")
 

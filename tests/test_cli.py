@@ -6,13 +6,14 @@ import pytest
 from click.testing import CliRunner
 
 from cbcert import cli
-from cbcert.builtin import untrained_world
+from cbcert.cli import common as cli_common
+from cbcert.worlds.builtin import untrained_world
 
 
 @pytest.fixture()
 def runner(monkeypatch):
     world = untrained_world("default", seed=0)
-    monkeypatch.setattr(cli, "_load_world", lambda name: world)
+    monkeypatch.setattr(cli_common, "load_world", lambda name: world)
     return CliRunner()
 
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
@@ -20,8 +21,11 @@ nn = torch.nn
 
 from parity import assert_parity, float64_copy  # noqa: E402
 
+from cbcert import cli  # noqa: E402
+from cbcert.concepts import set_concept, swap_pairs  # noqa: E402
 from cbcert.convert import cbae as convert  # noqa: E402
-from cbcert.generators.cbae import CBAEConfig, swap_intervention, swap_pairs  # noqa: E402
+from cbcert.generators.cbae import CBAEConfig  # noqa: E402
+from cbcert.io import registry  # noqa: E402
 
 DW, NUM_WS, BATCH = 32, 5, 6
 BINS = [2, 2, 2, 4]  # three binary concepts and an unsupervised group of 4
@@ -154,7 +158,7 @@ def test_swap_intervention_and_blend_parity(reference, reference64, ported, conf
                                       bool(value), alpha))
     assert_parity(got, expected64, expected, f"cbae intervention value={value}")
     state = np.asarray(ported.encode(jnp.asarray(ws.reshape(BATCH, -1))))
-    swapped = np.asarray(swap_intervention(jnp.asarray(state), concept, bool(value)))
+    swapped = np.asarray(set_concept(jnp.asarray(state), concept, bool(value)))
     assert np.all((swapped[:, 2 * concept] > swapped[:, 2 * concept + 1]) == bool(value))
     with pytest.raises(ValueError, match="concept=3"):
         ported.intervene(jnp.asarray(ws.reshape(BATCH, -1)), 3, True, alpha)
@@ -188,6 +192,20 @@ def test_load_cbae_from_files(reference, ported, tmp_path):
     loaded = convert.load_cbae(tmp_path / "cbae.pt", tmp_path / "config.yaml")
     w = jax.random.normal(jax.random.key(3), (2, NUM_WS * DW))
     np.testing.assert_array_equal(loaded.encode(w), ported.encode(w))
+    # `certify convert cbae` writes the same module once, in the one checkpoint format.
+    result = CliRunner().invoke(cli.main, ["convert", "cbae", str(tmp_path / "cbae.pt"),
+                                           str(tmp_path / "out"), "--config",
+                                           str(tmp_path / "config.yaml")])
+    assert result.exit_code == 0, result.output
+    restored, manifest = registry.load_module(tmp_path / "out")
+    assert manifest["kind"] == "cbae" and set(manifest["sources"]) == {"checkpoint", "config"}
+    assert restored.config == ported.config
+    np.testing.assert_array_equal(restored.encode(w), ported.encode(w))
+    c = ported.encode(w)
+    np.testing.assert_array_equal(restored.decode(c), ported.decode(c))
+    result = CliRunner().invoke(cli.main, ["convert", "cbae", str(tmp_path / "cbae.pt"),
+                                           str(tmp_path / "x")])
+    assert result.exit_code == 2 and "config_path=None; kind='cbae' needs it" in result.output
     (tmp_path / "bad.yaml").write_text("model:\n  num_ws: 3\n")
     with pytest.raises(ValueError, match="latent_noise_dim"):
         convert.load_cbae(tmp_path / "cbae.pt", tmp_path / "bad.yaml")

@@ -19,6 +19,7 @@ from parity import assert_parity, float64_copy  # noqa: E402
 from test_convert_resnet import images, randomize, state_dict_numpy, torch_pair  # noqa: E402
 
 from cbcert.convert import common, torchvision  # noqa: E402
+from cbcert.io.registry import pure_apply  # noqa: E402
 from cbcert.models.densenet import DenseNetConfig  # noqa: E402
 
 
@@ -80,7 +81,7 @@ def test_densenet161_logits_and_embedding_match_pytorch():
     model = torchvision.densenet_from_state_dict("densenet161", state_dict_numpy(reference))
     x = images(4, 40, seed=2)  # 40 px gives an odd map (5 -> 2) in transition2
     # One compilation for both outputs: DenseNet-161 takes seconds to compile on CPU.
-    apply_fn, params = common.pure_apply(model, lambda m, x: (m(x), m.embed(x)))
+    apply_fn, params = pure_apply(model, lambda m, x: (m(x), m.embed(x)))
     logits, embedding = jax.jit(apply_fn)(params, x)
     reference64 = float64_copy(reference)
     expected = torch_pair(reference, reference64, x)

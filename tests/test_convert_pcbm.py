@@ -35,7 +35,8 @@ from test_convert_resnet import (  # noqa: E402
 )
 
 from cbcert import cli  # noqa: E402
-from cbcert.convert import common, convert, load_converted, pcbm, pickles, pytorchcv  # noqa: E402
+from cbcert.convert import convert, pcbm, pickles, pytorchcv  # noqa: E402
+from cbcert.io.registry import load_converted, pure_apply  # noqa: E402
 
 K, D = 7, 512  # concepts, ResNet-18 embedding width
 CUB_SIZE = 193  # the smallest input whose last feature map is 7x7 (odd: exercises the floors)
@@ -174,7 +175,7 @@ def test_pcbm_with_float64_head_matches_pytorch(backbone, bank, tmp_path):
                                                    concept_bank_path=bank[1])
     assert checkpoint.concept_names == tuple(bank[0]["names"]) and not checkpoint.hybrid
     x = images(16, 32, seed=14)
-    apply_fn, params = common.pure_apply(model, lambda m, x: (m(x), m.concept_scores(x)))
+    apply_fn, params = pure_apply(model, lambda m, x: (m(x), m.concept_scores(x)))
     logits, scores = jax.jit(apply_fn)(params, x)
     expected = reference_logits(reference, head, x)
     assert np.abs(expected[0]).max() > 0.1
@@ -397,7 +398,7 @@ def test_pcbm_on_pytorchcv_resnet18_cub_matches_pytorch(cub, cub_bank, tmp_path)
                                                    tensors, concept_bank_path=cub_bank[1])
     assert checkpoint.backbone_name == "resnet18_cub"
     assert model.config.backbone_classes == CUB_WIDTH
-    apply_fn, params = common.pure_apply(
+    apply_fn, params = pure_apply(
         model, lambda m, x: (m(x), m.concept_scores(x), m.backbone(x)))
     logits, scores, backbone_logits = jax.jit(apply_fn)(params, x)
     expected_logits, expected_scores = head_outputs(head, embeddings)
@@ -414,7 +415,7 @@ def test_pytorchcv_backbone_needs_a_7x7_feature_map(cub, cub_bank, tmp_path):
     head = cub_head(cub_bank[0], seed=54)
     save_as_upstream(head, tmp_path / "pcbm.ckpt")
     model, _ = pcbm.pcbm_from_checkpoints(tmp_path / "pcbm.ckpt", "resnet18_cub", tensors)
-    apply_fn, params = common.pure_apply(model)
+    apply_fn, params = pure_apply(model)
     for size in (192, 224):  # shape inference only: 6x6 (wrong), 7x7 (right)
         image = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
         if size == 192:

@@ -26,7 +26,9 @@ from parity import assert_parity, float64_copy  # noqa: E402
 from test_convert_densenet import TorchDenseNet  # noqa: E402
 from test_convert_resnet import images, randomize, torch_pair, torch_resnet  # noqa: E402
 
-from cbcert.convert import common, convert, load_converted, pixpnet  # noqa: E402
+from cbcert.convert import convert, pixpnet  # noqa: E402
+from cbcert.io.checkpoint import sha256_file  # noqa: E402
+from cbcert.io.registry import load_converted, pure_apply  # noqa: E402
 from cbcert.models.pixpnet import PixPNetConfig, add_on_layer_specs  # noqa: E402
 
 
@@ -181,7 +183,7 @@ def test_logits_match_pytorch(config, layers, tmp_path):
     model, loaded_config = pixpnet.pixpnet_from_checkpoint(ckpt, yaml_path)
     assert loaded_config == config
     x = images(16, 32, seed=33)  # 16 x (3..5) classes: the 32+ outputs a parity check needs
-    apply_fn, params = common.pure_apply(model)
+    apply_fn, params = pure_apply(model)
     logits = np.asarray(jax.jit(apply_fn)(params, x))
     expected = torch_pair(reference, float64_copy(reference), x)
     assert logits.shape == (16, config.num_classes)
@@ -208,7 +210,7 @@ def test_convert_round_trip_and_hash_check(resnet_checkpoint, tmp_path):
     (ckpt, yaml_path), reference = resnet_checkpoint
     manifest = convert("pixpnet", ckpt, tmp_path / "out", config_path=yaml_path)
     assert manifest["config"]["feature_layer"] == "layer2"
-    assert manifest["sources"]["checkpoint"]["sha256"] == common.sha256_file(ckpt)
+    assert manifest["sources"]["checkpoint"]["sha256"] == sha256_file(ckpt)
     apply_fn, params, _ = load_converted(tmp_path / "out")
     x = images(8, 32, seed=35)
     assert_parity(jax.jit(apply_fn)(params, x), *torch_pair(reference, float64_copy(reference), x),
@@ -218,7 +220,7 @@ def test_convert_round_trip_and_hash_check(resnet_checkpoint, tmp_path):
         manifest["params_sha256"], "0" * 64))
     with pytest.raises(ValueError, match="params sha256 .* does not match the manifest"):
         load_converted(tmp_path / "out")
-    with pytest.raises(ValueError, match="already holds a converted model"):
+    with pytest.raises(ValueError, match="already holds a checkpoint"):
         convert("pixpnet", ckpt, tmp_path / "out", config_path=yaml_path)
 
 

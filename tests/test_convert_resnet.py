@@ -18,7 +18,8 @@ nn = torch.nn
 
 from parity import assert_parity, float64_copy  # noqa: E402
 
-from cbcert.convert import common, convert, load_converted, torchvision  # noqa: E402
+from cbcert.convert import common, convert, torchvision  # noqa: E402
+from cbcert.io.registry import load_converted, pure_apply  # noqa: E402
 from cbcert.models.resnet import ResNetConfig  # noqa: E402
 
 
@@ -146,14 +147,14 @@ def test_logits_and_embedding_match_pytorch(name, size):
     reference = torch_resnet(name, num_classes=10, seed=1)
     model = torchvision.resnet_from_state_dict(name, state_dict_numpy(reference))
     x = images(4, size, seed=2)  # odd size 33 exercises the floor in strided convs and pooling
-    apply_fn, params = common.pure_apply(model)
+    apply_fn, params = pure_apply(model)
     logits = np.asarray(jax.jit(apply_fn)(params, x))
     reference64 = float64_copy(reference)
     expected = torch_pair(reference, reference64, x)
     assert logits.shape == (4, 10)
     assert np.abs(expected[0]).max() > 0.1  # a degenerate (all-zero) network would prove nothing
     assert_parity(logits, *expected, f"{name} logits")
-    embed_fn, params = common.pure_apply(model, lambda m, x: m.embed(x))
+    embed_fn, params = pure_apply(model, lambda m, x: m.embed(x))
     assert_parity(jax.jit(embed_fn)(params, x), *torch_pair(reference.embed, reference64.embed, x),
                   f"{name} embedding")
 

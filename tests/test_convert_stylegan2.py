@@ -21,7 +21,6 @@ order of the port. Ports run in float32 and are compared with references in floa
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import pickle
@@ -33,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.signal
+from click.testing import CliRunner
 from flax import nnx
 
 torch = pytest.importorskip("torch")
@@ -42,10 +42,13 @@ F = torch.nn.functional
 
 from parity import assert_parity  # noqa: E402
 
-from cbcert.convert import common  # noqa: E402
+from cbcert import cli  # noqa: E402
 from cbcert.convert import stylegan2 as convert  # noqa: E402
-from cbcert.generators import stylegan2 as sg  # noqa: E402
 from cbcert.generators.cbae import CBAE, CBAEConfig  # noqa: E402
+from cbcert.generators.stylegan2 import config as sg_config  # noqa: E402
+from cbcert.generators.stylegan2 import ops as sg_ops  # noqa: E402
+from cbcert.generators.stylegan2.generator import stylegan2_generator  # noqa: E402
+from cbcert.io import checkpoint, registry  # noqa: E402
 
 SQRT2 = math.sqrt(2.0)
 SOURCE = "raise RuntimeError('the pickled class source must never be executed')"
@@ -303,7 +306,7 @@ class Generator(Persistent, nn.Module):
         self._init_kwargs = EasyDict(mapping_kwargs=EasyDict(num_layers=mapping_layers))
 
 
-CHANNELS = sg.channels_from_base(128, 16, 16)  # (16, 16, 8)
+CHANNELS = sg_config.channels_from_base(128, 16, 16)  # (16, 16, 8)
 CLAMP = 4.0  # low enough that the clamp is active on random weights
 MAIN = dict(z_dim=12, w_dim=10, resolution=16, channels=CHANNELS, clamp=CLAMP, mapping_layers=3,
             seed=0)
@@ -435,7 +438,7 @@ def test_upfirdn2d_matches_scipy(up, padding, taps):
     x = rng.normal(size=(5, 6)).astype(np.float32)
     fy = rng.uniform(0.1, 1, taps).astype(np.float32)  # asymmetric taps
     fx = rng.uniform(0.1, 1, taps).astype(np.float32)
-    ours = np.asarray(sg.upfirdn2d(jnp.asarray(x[None, :, :, None]),
+    ours = np.asarray(sg_ops.upfirdn2d(jnp.asarray(x[None, :, :, None]),
                                    jnp.asarray(np.outer(fy, fx)), up, padding,
                                    gain=1.0))[0, :, :, 0]
     expected = upfirdn_scipy(*(a.astype(np.float64) for a in (x, fy, fx)), up, padding)
@@ -449,7 +452,7 @@ def test_upsample2d_matches_transposed_conv():
     x, f = torch.randn(2, 3, 5, 5, generator=g), random_filter(g)
     expected = upsample_reference(x, f).numpy().transpose(0, 2, 3, 1)
     expected64 = upsample_reference(x.double(), f.double()).numpy().transpose(0, 2, 3, 1)
-    ours = np.asarray(sg.upsample2d(jnp.asarray(x.numpy().transpose(0, 2, 3, 1)),
+    ours = np.asarray(sg_ops.upsample2d(jnp.asarray(x.numpy().transpose(0, 2, 3, 1)),
                                     jnp.asarray(f.numpy())))
     assert_parity(ours, expected64, expected, "upsample2d")
 
@@ -467,7 +470,7 @@ def test_modulated_conv2d_matches_grouped_conv(up, demodulate, k, taps):
     expected = modconv_reference(x, weight, styles, demodulate, up, f).numpy()
     expected64 = modconv_reference(x.double(), weight.double(), styles.double(), demodulate, up,
                                    f.double()).numpy().transpose(0, 2, 3, 1)
-    ours = sg.modulated_conv2d(jnp.asarray(x.numpy().transpose(0, 2, 3, 1)),
+    ours = sg_ops.modulated_conv2d(jnp.asarray(x.numpy().transpose(0, 2, 3, 1)),
                                jnp.asarray(weight.numpy().transpose(2, 3, 1, 0)),
                                jnp.asarray(styles.numpy()), demodulate, up,
                                jnp.asarray(f.numpy()))
@@ -490,7 +493,7 @@ def test_polyphase_up_conv_equals_zero_insertion_fir_then_conv(taps):
 
     def dense_path(x, kernel, f):
         return jax.lax.conv_general_dilated(
-            sg.upfirdn2d(x, f, up=2, padding=padding, gain=4.0), kernel[::-1, ::-1], (1, 1),
+            sg_ops.upfirdn2d(x, f, up=2, padding=padding, gain=4.0), kernel[::-1, ::-1], (1, 1),
             "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
     dense = np.asarray(dense_path(x, kernel, f))
@@ -498,7 +501,7 @@ def test_polyphase_up_conv_equals_zero_insertion_fir_then_conv(taps):
         dense64 = np.asarray(dense_path(*(jnp.asarray(np.asarray(a), jnp.float64)
                                           for a in (x, kernel, f))))
     assert dense64.dtype == np.float64
-    ours = sg.modulated_conv2d(x, kernel, jnp.ones((2, 3)), False, 2, f)
+    ours = sg_ops.modulated_conv2d(x, kernel, jnp.ones((2, 3)), False, 2, f)
     assert ours.shape == dense.shape == (2, 10, 14, 4)
     assert_parity(ours, dense64, dense, f"polyphase up-conv taps={taps}")
 
@@ -562,7 +565,7 @@ def test_conditional_generator_parity(conditional, conditional64):
     reference, ported = conditional
     config = ported.config
     assert (config.c_dim, config.embed_width, config.num_ws) == (4, 8, 4)
-    gen = sg.stylegan2_generator(ported, None, 0.7, 3, class_index=2)
+    gen = stylegan2_generator(ported, None, 0.7, 3, class_index=2)
     z = torch.randn(3, 6, generator=torch.Generator().manual_seed(4))
     label = F.one_hot(torch.full((3,), 2), 4).float()
     ws_ref, (ws64, ws32), (img64, img_ref) = reference_outputs(reference, conditional64, z, 0.7,
@@ -579,7 +582,7 @@ def test_conditional_generator_parity(conditional, conditional64):
     assert_parity(x, np.clip((end64 + 1) / 2, 0, 1), np.clip((img_ref + 1) / 2, 0, 1),
                   "stylegan2 conditional image")
     assert 0.1 < np.mean((x > 0) & (x < 1))  # not all clipped
-    other = sg.stylegan2_generator(ported, None, 0.7, 3, class_index=0)
+    other = stylegan2_generator(ported, None, 0.7, 3, class_index=0)
     assert not np.allclose(other.g1(other.params, zj), w)  # the label matters
 
 
@@ -587,12 +590,12 @@ def test_class_index_is_checked(conditional, ported):
     _, model = conditional
     with pytest.raises(ValueError, match=r"class_index=None; this StyleGAN2 is conditional "
                                          r"\(c_dim=4\): pick a class in 0\.\.3"):
-        sg.stylegan2_generator(model)
+        stylegan2_generator(model)
     for bad in (4, -1, True, 1.0):
         with pytest.raises(ValueError, match=rf"class_index={bad!r}; allowed: 0\.\.3"):
-            sg.stylegan2_generator(model, class_index=bad)
+            stylegan2_generator(model, class_index=bad)
     with pytest.raises(ValueError, match=r"class_index=0; this StyleGAN2 is unconditional"):
-        sg.stylegan2_generator(ported, class_index=0)
+        stylegan2_generator(ported, class_index=0)
 
 
 def test_reference_clamp_is_active(reference):
@@ -627,7 +630,7 @@ def test_noise_modes(ported, synth):
 def test_generator_protocol_with_cbae(ported, synth):
     cbae = CBAE(CBAEConfig(latent_dim=10, num_ws=6, concept_names=("a", "b"), num_unsup=3),
                 rngs=nnx.Rngs(0))
-    gen = sg.stylegan2_generator(ported, cbae, truncation_psi=0.8)
+    gen = stylegan2_generator(ported, cbae, truncation_psi=0.8)
     z = jax.random.normal(jax.random.key(4), (2, 12))
     w = gen.g1(gen.params, z)
     assert w.shape == (2, 60) and gen.concept_dim == 7
@@ -637,13 +640,13 @@ def test_generator_protocol_with_cbae(ported, synth):
     w_cb = gen.decode(gen.params, gen.encode(gen.params, w))
     expected = np.clip((synth(w_cb.reshape(2, 6, 10)) + 1) / 2, 0, 1)
     np.testing.assert_allclose(x, expected, atol=1e-6)
-    plain = sg.stylegan2_generator(ported)  # no CB-AE: E = D = identity, K = 0
+    plain = stylegan2_generator(ported)  # no CB-AE: E = D = identity, K = 0
     assert plain.concept_dim == 60 and plain.encode(plain.params, w) is w
     assert plain.decode(plain.params, w) is w
     bad = CBAE(CBAEConfig(latent_dim=10, num_ws=5, concept_names=("a",), num_unsup=0),
                rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="num_ws=5"):
-        sg.stylegan2_generator(ported, bad)
+        stylegan2_generator(ported, bad)
 
 
 # ------------------------------------------------------------------ unpickler and strictness
@@ -699,7 +702,7 @@ def test_refuses_unknown_and_mixed_architectures(snapshot):
                                          r"synthesis\.b4 has 'skip'"):
         convert.stylegan2_from_pickle(g)
     with pytest.raises(ValueError, match="architecture='fancy'; allowed: 'orig', 'skip'"):
-        sg.StyleGAN2Config(z_dim=4, w_dim=4, img_resolution=4, img_channels=3, channels=(4,),
+        sg_config.StyleGAN2Config(z_dim=4, w_dim=4, img_resolution=4, img_channels=3, channels=(4,),
                            architecture="fancy")
 
 
@@ -734,12 +737,24 @@ def test_separable_filters_become_outer_products(snapshot, ported):
 
 
 def test_converted_round_trip(ported, snapshot, tmp_path):
-    manifest = {"kind": "stylegan2", "config": dataclasses.asdict(ported.config),
-                "sources": {snapshot.name: common.sha256_file(snapshot)}}
-    common.write_converted(tmp_path / "out", ported, manifest)
-    restored, _ = common.read_converted(
-        tmp_path / "out",
-        lambda m: convert.abstract_stylegan2(convert.config_from_manifest(m["config"])))
+    """`certify convert stylegan2` (a pickle: no torch involved) writes the port in the one
+    checkpoint format; it loads back bit-identical, with its source and network recorded."""
+    result = CliRunner().invoke(cli.main, ["convert", "stylegan2", str(snapshot),
+                                           str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    restored, manifest = registry.load_module(tmp_path / "out")
+    assert (manifest["kind"], manifest["network"]) == ("stylegan2", "G_ema")
+    assert manifest["sources"] == {"checkpoint": {"file": snapshot.name,
+                                                  "sha256": checkpoint.sha256_file(snapshot)}}
     assert restored.config == ported.config
+    assert checkpoint.params_sha256(restored) == checkpoint.params_sha256(ported)
     np.testing.assert_array_equal(restored.blocks[2].conv0.kernel[...],
                                   ported.blocks[2].conv0.kernel[...])
+    for args, message in [
+            (["stylegan2", str(snapshot), str(tmp_path / "d"), "--network", "D"],
+             "network='D': network-snapshot-000000.pkl holds a NoneType there"),
+            (["resnet18", str(snapshot), str(tmp_path / "e"), "--network", "G"],
+             "network='G'; only kind='stylegan2' takes it"),
+            (["stylegan2", str(snapshot), str(tmp_path / "out")], "already holds a checkpoint")]:
+        result = CliRunner().invoke(cli.main, ["convert", *args])
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output

@@ -3,9 +3,10 @@
 import json
 
 import numpy as np
+import processes as testing
 import pytest
 
-from cbcert.engine import distributed, testing
+from cbcert.engine import distributed
 
 WORKER = """
 import json, sys

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from cbcert.concepts import concept_state
 from cbcert.engine import noise
 
 K, U = 6, 3
@@ -13,34 +14,6 @@ K, U = 6, 3
 
 def _concepts(key, n):
     return jax.random.normal(key, (n, 2 * K + U))
-
-
-def test_flip_pairs_swaps_exactly_the_flipped_pairs():
-    c = jnp.arange(2 * K + U, dtype=jnp.float32)
-    eta = jnp.array([1, 0, 0, 1, 0, 1], bool)
-    got = np.asarray(noise.flip_pairs(c, eta, K))
-    want = np.array([1, 0, 2, 3, 4, 5, 7, 6, 8, 9, 11, 10, 12, 13, 14], np.float32)
-    np.testing.assert_array_equal(got, want)
-
-
-def test_flip_pairs_is_an_involution_and_flips_the_state():
-    c = _concepts(jax.random.key(0), 32)  # [32, 2K+U]
-    eta = jax.random.bernoulli(jax.random.key(1), 0.5, (32, K))
-    flipped = noise.flip_pairs(c, eta, K)
-    np.testing.assert_array_equal(noise.flip_pairs(flipped, eta, K), c)
-    state, new_state = noise.concept_state(c, K), noise.concept_state(flipped, K)
-    np.testing.assert_array_equal(state != new_state, eta)
-    np.testing.assert_array_equal(flipped[:, 2 * K :], c[:, 2 * K :])
-
-
-def test_concept_state_compares_interleaved_pairs():
-    c = jnp.array([2.0, 1.0, -1.0, 0.5, 9.0])  # K=2, U=1
-    np.testing.assert_array_equal(noise.concept_state(c, 2), [True, False])
-
-
-def test_flip_pairs_rejects_short_vectors():
-    with pytest.raises(ValueError, match="2\\*num_concepts=12"):
-        noise.flip_pairs(jnp.zeros(11), jnp.zeros(K, bool), K)
 
 
 @functools.cache
@@ -64,7 +37,7 @@ def test_gaussian_moments():
 def test_bernoulli_flip_rate():
     c = _concepts(jax.random.key(2), 1)[0]
     samples = _many(noise.BernoulliFlips(K), c, 0.2, 5000)
-    flips = np.asarray(noise.concept_state(samples, K) != noise.concept_state(c, K))
+    flips = np.asarray(concept_state(samples, K) != concept_state(c, K))
     # 30 000 Bernoulli(0.2) draws: sd of the rate 2.3e-3; 0.012 is > 5 sigma (p < 1e-7).
     assert abs(flips.mean() - 0.2) < 0.012
     np.testing.assert_array_equal(samples[:, 2 * K :], np.broadcast_to(c[2 * K :], (5000, U)))
@@ -74,7 +47,7 @@ def test_bernoulli_flip_rate():
 def test_fixed_flips_flip_exactly_m(m):
     c = _concepts(jax.random.key(3), 1)[0]
     samples = _many(noise.FixedFlips(K), c, jnp.int32(m), 3000)
-    flips = np.asarray(noise.concept_state(samples, K) != noise.concept_state(c, K))
+    flips = np.asarray(concept_state(samples, K) != concept_state(c, K))
     np.testing.assert_array_equal(flips.sum(axis=1), m)
     # Each concept is in the subset with probability m/K; 3000 draws, sd <= 0.0092, 0.05 > 5 sd.
     np.testing.assert_allclose(flips.mean(axis=0), m / K, atol=0.05)
@@ -83,7 +56,7 @@ def test_fixed_flips_flip_exactly_m(m):
 def test_fixed_flips_subsets_are_uniform():
     c = _concepts(jax.random.key(4), 1)[0]
     samples = _many(noise.FixedFlips(4), c[: 2 * 4], jnp.int32(2), 6000)
-    flips = np.asarray(noise.concept_state(samples, 4) != noise.concept_state(c[:8], 4))
+    flips = np.asarray(concept_state(samples, 4) != concept_state(c[:8], 4))
     codes = flips @ (1 << np.arange(4))
     _, counts = np.unique(codes, return_counts=True)
     assert counts.size == 6  # C(4, 2) subsets, all seen
@@ -99,7 +72,7 @@ def test_fixed_flips_count_is_traced():
     @jax.jit
     def flipped(m):
         traces.append(None)
-        return noise.concept_state(model.perturb(jax.random.key(0), c, m), K)
+        return concept_state(model.perturb(jax.random.key(0), c, m), K)
 
     assert [int((~flipped(jnp.int32(m))).sum()) for m in range(K + 1)] == list(range(K + 1))
     assert len(traces) == 1

@@ -1,11 +1,14 @@
+import json
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import processes
 import pytest
 import scipy.stats
 
-from cbcert.engine import keys, noise, sampler
+from cbcert.engine import continuous, keys, memory, noise, sampler
 
 D, H, C = 8, 2, 4
 WEIGHTS = np.asarray(jax.random.normal(jax.random.key(1), (D, H, C)))
@@ -99,18 +102,18 @@ def test_automatic_chunk_compiles_at_most_twice_and_respects_memory():
     first_run = len(traces)
     _counts(fn=counted, max_memory=4096, param=0.2)
     # The probe compile, then the chunk it picked (the same shape if it picked the probe size).
-    assert len(traces) == first_run <= 2 and traces[0] == sampler._PROBE_PAIRS_PER_DEVICE
-    assert sampler.MIN_CHUNK_PER_DEVICE <= traces[-1] < 64  # 4 KiB cannot hold 64 pairs
+    assert len(traces) == first_run <= 2 and traces[0] == memory._PROBE_PAIRS_PER_DEVICE
+    assert memory.MIN_CHUNK_PER_DEVICE <= traces[-1] < 64  # 4 KiB cannot hold 64 pairs
     np.testing.assert_array_equal(small, _counts(chunk_size=64))
 
 
 def test_auto_chunk_size_rounds():
-    assert sampler._auto_chunk_size(100.0, 10_000, 1000, 1) == 64
-    assert sampler._auto_chunk_size(100.0, 12_800, 1000, 1) == 128
-    assert sampler._auto_chunk_size(1.0, 2**30, 300, 1) == 512
-    assert sampler._auto_chunk_size(1.0, 2**30, 10**9, 4) == sampler.MAX_CHUNK_PER_DEVICE * 4
-    assert sampler._auto_chunk_size(1e9, 10, 1000, 8) == sampler.MIN_CHUNK_PER_DEVICE * 8
-    assert sampler._auto_chunk_size(1e9, 10, 3, 1) == 4
+    assert memory.auto_chunk_size(100.0, 10_000, 1000, 1) == 64
+    assert memory.auto_chunk_size(100.0, 12_800, 1000, 1) == 128
+    assert memory.auto_chunk_size(1.0, 2**30, 300, 1) == 512
+    assert memory.auto_chunk_size(1.0, 2**30, 10**9, 4) == memory.MAX_CHUNK_PER_DEVICE * 4
+    assert memory.auto_chunk_size(1e9, 10, 1000, 8) == memory.MIN_CHUNK_PER_DEVICE * 8
+    assert memory.auto_chunk_size(1e9, 10, 3, 1) == 4
 
 
 def test_concept_noise_counts_are_deterministic():
@@ -190,3 +193,142 @@ def test_bad_num_classes_and_key():
     with pytest.raises(ValueError, match="key has shape"):
         sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.Gaussian(), 0.1,
                               jnp.zeros(2, jnp.float32), 5, num_classes=C)
+
+
+# --- continuous batching (cbcert.engine.continuous) -------------------------------------------
+
+CHECKPOINTS = (5, 10, 20, 50)
+
+
+def _decisive(rows, k, counts):
+    """Stops an input once head 0's top class holds 60 % of its votes (data-dependent)."""
+    del rows, k
+    return counts[:, 0].max(-1) > 0.6 * counts[:, 0].sum(-1)
+
+
+def _sequential(checkpoints=CHECKPOINTS, decide=_decisive, inputs=INPUTS, fn=linear_heads,
+                **kwargs):
+    return continuous.count_classes_sequential(fn, WEIGHTS, inputs, noise.Gaussian(), 0.7, KEY,
+                                               checkpoints, decide, num_classes=C, **kwargs)
+
+
+@pytest.mark.parametrize("chunk_size", [7, 64, 1000, None])
+def test_continuous_with_one_checkpoint_equals_count_classes(chunk_size):
+    result = _sequential(checkpoints=(50,), decide=lambda r, k, c: np.zeros(len(r), bool),
+                         chunk_size=chunk_size)
+    np.testing.assert_array_equal(result.counts, _counts(chunk_size=64))
+    np.testing.assert_array_equal(result.samples, 50)
+
+
+def test_continuous_counts_are_the_first_samples_of_each_input():
+    result = _sequential(chunk_size=7)
+    assert set(result.samples) > {CHECKPOINTS[0]}  # some inputs stop early, some do not
+    assert len(set(result.samples)) > 1
+    for n, samples in enumerate(result.samples):
+        alone = sampler.count_classes(linear_heads, WEIGHTS, INPUTS[n : n + 1], noise.Gaussian(),
+                                      0.7, KEY, int(samples), num_classes=C, indices=[n],
+                                      chunk_size=5)  # one shape for every n_k: one compile
+        np.testing.assert_array_equal(result.counts[n], alone[0])
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 64, 1000, None])
+def test_continuous_is_identical_for_any_chunk_size_and_subset(chunk_size):
+    reference = _sequential(chunk_size=7)
+    other = _sequential(chunk_size=chunk_size)
+    np.testing.assert_array_equal(other.counts, reference.counts)
+    np.testing.assert_array_equal(other.samples, reference.samples)
+    # A resumed run certifies a subset of the inputs under their global indices.
+    subset = [4, 1, 3]
+    part = _sequential(inputs=INPUTS[subset], indices=subset, chunk_size=chunk_size)
+    np.testing.assert_array_equal(part.counts, reference.counts[subset])
+    np.testing.assert_array_equal(part.samples, reference.samples[subset])
+
+
+def test_continuous_decides_at_every_checkpoint_and_reports_each_input_once():
+    seen, finished = [], []
+
+    def decide(rows, k, counts):
+        seen.extend((int(r), k, int(total)) for r, total in zip(rows, counts[:, 0].sum(-1),
+                                                                 strict=True))
+        return _decisive(rows, k, counts)
+
+    def done(rows, counts, samples, seconds):
+        finished.extend(zip(rows.tolist(), samples.tolist(), strict=True))
+        np.testing.assert_array_equal(counts.sum(-1), np.repeat(samples[:, None], H, axis=1))
+        assert (seconds > 0).all()
+
+    result = _sequential(decide=decide, finished=done, chunk_size=8)
+    assert all(total == CHECKPOINTS[k] for _, k, total in seen)
+    for n in range(len(INPUTS)):
+        levels = [k for r, k, _ in seen if r == n]
+        assert levels == list(range(CHECKPOINTS.index(result.samples[n]) + 1))
+    assert sorted(finished) == [(n, int(s)) for n, s in enumerate(result.samples)]
+    assert result.seconds.sum() > 0
+
+
+def test_continuous_fills_freed_slots_with_waiting_inputs(monkeypatch):
+    # 40 inputs that all stop at n_1 = 5: 200 pairs run in 8 full chunks of 25 -- a stopped
+    # input's place goes to the next one, no chunk is padded.
+    valid = []
+    dispatch = continuous._Scheduler._dispatch
+
+    def spy(self, rows, samples, size):
+        valid.append(size)
+        return dispatch(self, rows, samples, size)
+
+    monkeypatch.setattr(continuous._Scheduler, "_dispatch", spy)
+    inputs = np.repeat(INPUTS, 8, axis=0)
+    result = _sequential(inputs=inputs, decide=lambda r, k, c: np.ones(len(r), bool),
+                         chunk_size=25)
+    np.testing.assert_array_equal(result.samples, CHECKPOINTS[0])
+    np.testing.assert_array_equal(result.counts.sum(-1), CHECKPOINTS[0])
+    assert valid == [25] * 8
+
+
+def test_continuous_reuses_the_samplers_compilation():
+    traced = chex.assert_max_traces(n=1)(lambda params, x: linear_heads(params, x))
+    sampler.count_classes(traced, WEIGHTS, INPUTS, noise.Gaussian(), 0.3, KEY, 30,
+                          num_classes=C, chunk_size=16)
+    _sequential(fn=traced, chunk_size=16)
+
+
+def test_continuous_rejects_bad_checkpoints_and_decisions():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        _sequential(checkpoints=(10, 10))
+    with pytest.raises(ValueError, match="decide returned shape"):
+        _sequential(decide=lambda r, k, c: np.ones(len(r) + 1, bool), chunk_size=8)
+
+
+CONTINUOUS_CHILD = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh
+from cbcert.engine import continuous, keys, noise
+W = np.asarray(jax.random.normal(jax.random.key(1), (8, 2, 4)))
+X = np.asarray(jax.random.normal(jax.random.key(2), (5, 8)))
+KEY = keys.stream_key(jax.random.key(0), keys.STREAM_ESTIMATE)
+heads = lambda p, x: jnp.einsum("bd,dhc->bhc", x, p)
+decide = lambda rows, k, c: c[:, 0].max(-1) > 0.6 * c[:, 0].sum(-1)
+devices = np.asarray(jax.devices())
+out = {}
+for count, chunk in ((2, 7), (8, 64), (8, 3)):
+    r = continuous.count_classes_sequential(heads, W, X, noise.Gaussian(), 0.7, KEY,
+                                            (5, 10, 20, 50), decide, num_classes=4,
+                                            chunk_size=chunk,
+                                            mesh=Mesh(devices[:count], ("data",)))
+    out[f"{count} devices, chunk {chunk}"] = [r.counts.tolist(), r.samples.tolist()]
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_continuous_is_identical_on_2_and_8_devices():
+    child = processes.start_python(CONTINUOUS_CHILD, num_devices=8)
+    reference = _sequential(chunk_size=7)
+    stdout = processes.wait_python(child, timeout=240)
+    line = next(line for line in stdout.splitlines() if line.startswith("RESULT "))
+    runs = json.loads(line[len("RESULT "):])
+    assert len(runs) == 3
+    for name, (counts, samples) in runs.items():
+        np.testing.assert_array_equal(counts, reference.counts, err_msg=name)
+        np.testing.assert_array_equal(samples, reference.samples, err_msg=name)

@@ -5,9 +5,10 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import processes as testing
 import pytest
 
-from cbcert.engine import keys, noise, sampler, testing
+from cbcert.engine import keys, noise, sampler
 
 # The child builds the same problem as _problem() below, so both sides share this source.
 PROBLEM = """

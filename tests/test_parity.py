@@ -17,7 +17,8 @@ from test_convert_resnet import (  # noqa: E402
     torch_resnet,
 )
 
-from cbcert.convert import common, torchvision  # noqa: E402
+from cbcert.convert import torchvision  # noqa: E402
+from cbcert.io import registry  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def resnet18():
 
 
 def port_logits(tensors, x):
-    apply_fn, params = common.pure_apply(torchvision.resnet_from_state_dict("resnet18", tensors))
+    apply_fn, params = registry.pure_apply(torchvision.resnet_from_state_dict("resnet18", tensors))
     return np.asarray(jax.jit(apply_fn)(params, x))
 
 

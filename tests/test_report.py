@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from cbcert import report, sweep
-from cbcert.attacks import runner as attack_runner
-from cbcert.builtin import untrained_world
-from cbcert.certify.runner import RECORDS
 from cbcert.cli import main
-from cbcert.config import load_config
+from cbcert.report import cells, figures, tables
+from cbcert.report import write as report
+from cbcert.runs import attack as attack_runner
+from cbcert.runs import sweep
+from cbcert.runs.config import load_config
+from cbcert.runs.directory import RECORDS
+from cbcert.worlds.builtin import untrained_world
 
 TINY = """\
 preset: smoke
@@ -143,8 +145,8 @@ def test_figures_are_pngs_and_absent_data_are_noted(run_dir, written):
 
 
 def test_robustness_gap_sign_is_positive_when_cbm_is_more_robust(run_dir):
-    cells = report.find_cells(run_dir, log=lambda _: None)
-    rows, columns, values = report.robustness_gaps(cells)
+    found = cells.find_cells(run_dir, log=lambda _: None)
+    rows, columns, values = figures.robustness_gaps(found)
     attack = json.loads((run_dir / "attack-latent" / "summary.json").read_text())["models"]
     i = rows.index("ε=0.03 (attack-latent)")
     expected = attack["cbm"]["budgets"][1]["robust_accuracy"] - \
@@ -165,7 +167,7 @@ def test_single_runner_directory_and_cli(run_dir, tmp_path):
 
 
 def test_markdown_merges_mean_and_sd_columns():
-    table = report.Table("t", "T", ("budget", "pfr_mean", "pfr_sd", "p"),
+    table = tables.Table("t", "T", ("budget", "pfr_mean", "pfr_sd", "p"),
                          (("eps0.1", 0.123456, 0.01, None),))
     assert table.to_markdown().splitlines()[2:] == [
         "| budget | pfr | p |", "|---|---|---|", "| eps0.1 | 0.1235 ± 0.01 | – |"]

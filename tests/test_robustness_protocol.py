@@ -1,4 +1,4 @@
-"""Tests of cbcert.robustness.protocol: agreement set, subsets, table rows."""
+"""Tests of cbcert.robustness.protocol: subsets and table rows."""
 
 import json
 
@@ -8,27 +8,6 @@ import scipy.stats
 from statsmodels.stats.multitest import multipletests
 
 from cbcert.robustness import protocol, stats
-
-
-def _predictions(seed: int, size: int = 300):
-    rng = np.random.default_rng(seed)
-    pred_std = rng.integers(0, 4, size=size)
-    pred_cbm = np.where(rng.uniform(size=size) < 0.8, pred_std, rng.integers(0, 4, size=size))
-    return pred_std, pred_cbm
-
-
-def test_agreement_set_indices_and_labels():
-    pred_std = np.array([0, 1, 2, 3, 1])
-    pred_cbm = np.array([0, 2, 2, 1, 1])
-    agree = protocol.agreement_set(pred_std, pred_cbm)
-    np.testing.assert_array_equal(agree.indices, [0, 2, 4])
-    np.testing.assert_array_equal(agree.labels, [0, 2, 1])
-    assert agree.size == 3 and agree.pool_size == 5
-
-
-def test_agreement_set_rejects_float_predictions():
-    with pytest.raises(ValueError, match="pred_std: expected integer class labels"):
-        protocol.agreement_set(np.zeros(3), np.zeros(3, int))
 
 
 def test_subsets_reproducible_distinct_and_without_repeats():
@@ -55,20 +34,6 @@ def test_subsets_error_when_agreement_set_too_small():
         protocol.draw_subsets(300, num_subsets=5, subset_size=200, seed=-1)
     with pytest.raises(ValueError, match="num_subsets: must be >= 2"):
         protocol.draw_subsets(150, num_subsets=1, subset_size=20, seed=0)
-
-
-def test_plan_reproducible_from_seed():
-    pred_std, pred_cbm = _predictions(0)
-    plan = protocol.plan_protocol(pred_std, pred_cbm, num_subsets=5, subset_size=50, seed=11)
-    again = protocol.plan_protocol(pred_std, pred_cbm, num_subsets=5, subset_size=50, seed=11)
-    other = protocol.plan_protocol(pred_std, pred_cbm, num_subsets=5, subset_size=50, seed=12)
-    np.testing.assert_array_equal(plan.agreement.indices, again.agreement.indices)
-    np.testing.assert_array_equal(plan.pool_subsets, again.pool_subsets)
-    assert not np.array_equal(plan.pool_subsets, other.pool_subsets)
-    # Every subset member is in the agreement set and carries the shared prediction.
-    np.testing.assert_array_equal(pred_std[plan.pool_subsets], plan.labels)
-    np.testing.assert_array_equal(pred_cbm[plan.pool_subsets], plan.labels)
-    assert not plan.subsets.flags.writeable
 
 
 def _measurement(rng, kind, value, num_agree, p_std, p_cbm, num_concepts=6, samples=2):
@@ -169,11 +134,10 @@ def test_build_table_rejects_misaligned_or_unknown_models():
         protocol.build_table([bad_kind], subsets)
 
 
-def test_subset_means_of_plan_equal_stats_reduction():
-    # The table reduces via stats.subset_means; guard that the two agree on a plan's subsets.
-    pred_std, pred_cbm = _predictions(1)
-    plan = protocol.plan_protocol(pred_std, pred_cbm, num_subsets=3, subset_size=30, seed=0)
-    values = np.arange(plan.agreement.size, dtype=float)
+def test_subset_means_equal_the_stats_reduction():
+    # The table reduces via stats.subset_means; guard that the two agree on drawn subsets.
+    subsets = protocol.draw_subsets(240, num_subsets=3, subset_size=30, seed=0)
+    values = np.arange(240, dtype=float)
     np.testing.assert_array_equal(
-        stats.subset_means(values, plan.subsets), values[plan.subsets].mean(axis=1)
+        stats.subset_means(values, subsets), values[subsets].mean(axis=1)
     )

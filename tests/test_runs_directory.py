@@ -13,9 +13,9 @@ from cbcert.runs.directory import (
     check_writable,
     hold,
     read_records,
-    value_name,
     write_json,
 )
+from cbcert.schema import value_name
 
 
 def test_out_under_a_file_or_read_only_is_refused_before_any_work(tmp_path, monkeypatch):

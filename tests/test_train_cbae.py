@@ -17,9 +17,12 @@ import optax
 import pytest
 from flax import nnx
 
-from cbcert import train_cbae as tc
+from cbcert.concepts import absent_present, set_concept
 from cbcert.generators import biggan as bg
-from cbcert.generators.cbae import CBAEConfig, swap_intervention
+from cbcert.generators.cbae import CBAEConfig
+from cbcert.io import checkpoint, registry
+from cbcert.training import cbae as tc
+from cbcert.training import cbae_run as runner
 
 FIELDS = dict(output_dim=16, z_dim=16, channel_width=4, num_classes=5,
               layers=((False, 16, 8), (True, 8, 4), (True, 4, 2), (False, 2, 1)),
@@ -60,17 +63,17 @@ def labeler(generator):
 
 def test_pair_layouts_and_intervention_match_the_cbae_port():
     c = jax.random.normal(jax.random.key(0), (6, 2 * 3 + 2))
-    pairs = tc.concept_pairs(c, 3)
+    pairs = absent_present(c, 3)
     np.testing.assert_array_equal(pairs[:, 1, 1], c[:, 2])  # present = c+
     np.testing.assert_array_equal(pairs[:, 1, 0], c[:, 3])  # absent = c−
-    traced = jax.jit(swap_intervention)  # training draws concept and value inside jit
+    traced = jax.jit(set_concept)  # training draws concept and value inside jit
     for concept in range(3):
         for value in (False, True):
             expected = np.asarray(c).copy()
             pair = expected[:, 2 * concept: 2 * concept + 2]
             high, low = pair.max(1), pair.min(1)
             pair[:, 0], pair[:, 1] = (high, low) if value else (low, high)
-            np.testing.assert_array_equal(swap_intervention(c, concept, value), expected)
+            np.testing.assert_array_equal(set_concept(c, concept, value), expected)
             np.testing.assert_array_equal(traced(c, jnp.asarray(concept), jnp.asarray(value)),
                                           expected)
     s = jnp.array([[-1.0, 2.0]])
@@ -162,7 +165,7 @@ def test_resumed_training_is_bit_identical(generator, labeler, tmp_path):
     as an uninterrupted run."""
     config = tc.CBAETrainConfig(steps=6, batch_size=8, num_unsup=2, seed=3)
     identity = {"generator": "tiny"}
-    straight = tc.run(generator, labeler, NAMES, config, tmp_path / "a", identity=identity,
+    straight = runner.run(generator, labeler, NAMES, config, tmp_path / "a", identity=identity,
                       eval_samples=64, log=lambda s: None)
 
     def stop_at(when, error):
@@ -173,23 +176,27 @@ def test_resumed_training_is_bit_identical(generator, labeler, tmp_path):
 
     out, lines = tmp_path / "b", []
     with pytest.raises(RuntimeError):
-        tc.run(generator, labeler, NAMES, config, out, identity=identity, save_every=2,
+        runner.run(generator, labeler, NAMES, config, out, identity=identity, save_every=2,
                eval_samples=64, log=lines.append, on_step=stop_at(4, RuntimeError("killed")))
-    assert tc.out_status(out) == "partial"
+    assert runner.out_status(out) == "partial"
+    progress = checkpoint.read_manifest(out / runner.PROGRESS)
+    assert (progress["kind"], progress["step"]) == ("cbae-progress", 2)
     with pytest.raises(KeyboardInterrupt):
-        tc.run(generator, labeler, NAMES, config, out, identity=identity, save_every=2,
+        runner.run(generator, labeler, NAMES, config, out, identity=identity, save_every=2,
                eval_samples=64, log=lines.append, on_step=stop_at(5, KeyboardInterrupt()))
     assert any("resuming at step 2/6" in line for line in lines)
     assert any("interrupted at step 5/6; progress saved" in line for line in lines)
-    resumed = tc.run(generator, labeler, NAMES, config, out, identity=identity, save_every=2,
+    resumed = runner.run(generator, labeler, NAMES, config, out, identity=identity, save_every=2,
                      eval_samples=64, log=lines.append)
     assert any("resuming at step 5/6" in line for line in lines)
     assert straight["params_sha256"] == resumed["params_sha256"]
     assert straight["metrics"] == resumed["metrics"]
-    cbae, manifest = tc.read_cbae(out)
+    cbae, manifest = registry.load_module(out)
     assert cbae.config.concept_names == NAMES and manifest["steps"] == 6
+    assert manifest["kind"] == "cbae" and manifest["format_version"] == 2
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "params"]
     with pytest.raises(ValueError, match="already holds a trained CB-AE"):
-        tc.run(generator, labeler, NAMES, config, out, identity=identity, log=lambda s: None)
+        runner.run(generator, labeler, NAMES, config, out, identity=identity, log=lambda s: None)
 
 
 def test_resume_refuses_other_settings(generator, labeler, tmp_path):
@@ -200,33 +207,33 @@ def test_resume_refuses_other_settings(generator, labeler, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        tc.run(generator, labeler, NAMES, config, tmp_path, identity={"generator": "tiny"},
+        runner.run(generator, labeler, NAMES, config, tmp_path, identity={"generator": "tiny"},
                save_every=1, log=lambda s: None, on_step=interrupt)
     other = tc.CBAETrainConfig(steps=4, batch_size=8, num_unsup=2, threshold=0.8)
     with pytest.raises(ValueError, match="train.threshold=0.9, not 0.8"):
-        tc.run(generator, labeler, NAMES, other, tmp_path, identity={"generator": "tiny"},
+        runner.run(generator, labeler, NAMES, other, tmp_path, identity={"generator": "tiny"},
                log=lambda s: None)
     with pytest.raises(ValueError, match="generator=\"tiny\", not \"other\""):
-        tc.run(generator, labeler, NAMES, config, tmp_path, identity={"generator": "other"},
+        runner.run(generator, labeler, NAMES, config, tmp_path, identity={"generator": "other"},
                log=lambda s: None)
 
 
 def test_run_refuses_bad_inputs(generator, labeler, tmp_path):
     config = tc.CBAETrainConfig(steps=1, batch_size=4)
     with pytest.raises(ValueError, match="outputs 3 logits but 2 concept names"):
-        tc.run(generator, labeler, NAMES[:2], config, tmp_path / "a", identity={})
+        runner.run(generator, labeler, NAMES[:2], config, tmp_path / "a", identity={})
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="not a CB-AE run"):
-        tc.run(generator, labeler, NAMES, config, tmp_path / "b", identity={})
+        runner.run(generator, labeler, NAMES, config, tmp_path / "b", identity={})
     assert (tmp_path / "b" / "notes.txt").read_text() == "mine"
 
 
 def test_trained_cbae_plugs_into_the_biggan_generator(generator, labeler, tmp_path):
     config = tc.CBAETrainConfig(steps=2, batch_size=4, num_unsup=3)
-    tc.run(generator, labeler, NAMES, config, tmp_path, identity={}, eval_samples=16,
+    runner.run(generator, labeler, NAMES, config, tmp_path, identity={}, eval_samples=16,
            log=lambda s: None)
-    cbae, _ = tc.read_cbae(tmp_path)
+    cbae, _ = registry.load_module(tmp_path)
     gen = bg.biggan_generator(tiny_biggan(), class_index=2, truncation=1.0, cbae=cbae)
     assert gen.concept_names == NAMES and gen.num_unsup == 3 and gen.concept_dim == 9
     z = jax.random.normal(jax.random.key(0), (3, 16))

@@ -3,11 +3,13 @@
 The parts are written in the formats users bring: a stylegan2-ada-pytorch pickle (the
 persistence-style reference generator of ``test_convert_stylegan2``), a CB-AE ``.pt`` state_dict
 with its upstream YAML, a torchvision ResNet-18 state_dict converted by ``convert``, and a PCBM
-and a PixPNet written by the converters' own writer (``common.write_converted``).
+and a PixPNet written in the checkpoint format (``cbcert.io.registry.save_module``). The same
+generator and CB-AE converted with ``certify convert`` make a world of converted parts only,
+which must load and certify with torch blocked and give the very same logits.
 
 Random classifiers rarely agree, and the agreement set (std and cbm predict the same class) is
 what every command draws its inputs from. So the PCBM is built to reproduce the std head
-exactly, as ``cbcert.builtin.untrained_world`` does: same backbone, CAV k = row k of the fc
+exactly, as ``cbcert.worlds.builtin.untrained_world`` does: same backbone, CAV k = row k of the fc
 weight, intercept k = fc bias k, concept head = diag(‖V_k‖), so ``h(r) = W e + b`` = std logits
 and the two models agree on every input unless two std logits lie within float rounding
 of each other.
@@ -15,11 +17,11 @@ of each other.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pickle
 import re
+import shutil
 import sys
 import traceback
 import types
@@ -37,20 +39,24 @@ torch.set_num_threads(1)
 
 import test_convert_stylegan2 as sg_ref  # noqa: E402
 from parity import assert_parity  # noqa: E402
+from processes import run_python  # noqa: E402
 from test_convert_biggan import FIELDS as BIGGAN_FIELDS  # noqa: E402
 from test_convert_biggan import TorchBigGAN  # noqa: E402
 from test_convert_resnet import torch_resnet  # noqa: E402
 
 from cbcert import cli  # noqa: E402
-from cbcert.convert import common, convert, load_converted_module  # noqa: E402
+from cbcert.convert import convert  # noqa: E402
+from cbcert.engine.noise import Gaussian  # noqa: E402
+from cbcert.engine.sampler import count_classes  # noqa: E402
+from cbcert.io import checkpoint, registry  # noqa: E402
 from cbcert.models.pcbm import PCBM, PCBMConfig  # noqa: E402
 from cbcert.models.pixpnet import PixPNet, PixPNetConfig  # noqa: E402
-from cbcert.worlds import (  # noqa: E402
-    Preprocess,
+from cbcert.worlds.directory import (  # noqa: E402
     build_generator,
+    generator_identity,
     load_world_dir,
-    read_manifest,
 )
+from cbcert.worlds.manifest import Preprocess, read_manifest  # noqa: E402
 
 DW, NUM_WS, RESOLUTION = 10, 6, 16  # tiny StyleGAN2: w_dim 10, 16 px -> 6 style layers
 BINS, TYPES = [2, 2, 2, 4], ["bin", "bin", "bin", "cat"]  # K = 3 concepts, U = 4
@@ -96,7 +102,7 @@ def random_module(build, seed: int):
     init of a ResNet-18 compiles one op per shape: seconds on a loaded CPU). Matrices and
     kernels ~ N(0, 1/fan_in), 1-D scales and variances 1, biases and means 0.
     """
-    graphdef, state = nnx.split(common.abstract(build))
+    graphdef, state = nnx.split(registry.abstract(build))
     leaves, treedef = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))
     rng = np.random.default_rng(seed)
     filled = []
@@ -128,8 +134,7 @@ def pcbm_reproducing(std_module) -> PCBM:
 
 
 def write_module(directory, kind, module) -> None:
-    common.write_converted(directory, module, {"kind": kind, "sources": {},
-                                               "config": dataclasses.asdict(module.config)})
+    registry.save_module(directory, kind, module, {"sources": {}})
 
 
 MANIFEST = {
@@ -151,7 +156,7 @@ def world_dir(tmp_path_factory):
     write_cbae(root)
     torch.save(torch_resnet("resnet18", len(CLASSES), seed=1).state_dict(), root / "std.pth")
     convert("resnet18", root / "std.pth", root / "std")
-    std_module, _ = load_converted_module(root / "std")
+    std_module, _ = registry.load_module(root / "std")
     write_module(root / "cbm", "pcbm", pcbm_reproducing(std_module))
     proto_config = PixPNetConfig(feature_extractor="resnet18", feature_layer="layer2",
                                  num_prototypes=4, prototype_dim=8, num_classes=len(CLASSES))
@@ -165,6 +170,26 @@ def world_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def world(world_dir):
     return load_world_dir(world_dir)
+
+
+CONVERTED = {**MANIFEST, "name": "tiny-converted",
+             "generator": {"kind": "stylegan2", "converted": "sg2", "truncation_psi": 0.7},
+             "cbae": {"converted": "cbae"}}
+
+
+@pytest.fixture(scope="module")
+def converted_dir(world_dir, tmp_path_factory):
+    """The tiny world with its generator and CB-AE converted by ``certify convert``."""
+    root = tmp_path_factory.mktemp("converted")
+    for role in ("std", "cbm", "proto"):
+        (root / role).symlink_to(world_dir / role)
+    for args in (["stylegan2", str(world_dir / "g.pkl"), str(root / "sg2"), "--network", "G_ema"],
+                 ["cbae", str(world_dir / "cbae.pt"), str(root / "cbae"), "--config",
+                  str(world_dir / "cbae.yaml")]):
+        result = CliRunner().invoke(cli.main, ["convert", *args])
+        assert result.exit_code == 0, result.output
+    (root / "world.json").write_text(json.dumps(CONVERTED))
+    return root
 
 
 def with_manifest(tmp_path, world_dir, edit) -> str:
@@ -193,6 +218,56 @@ def test_loaded_world_composes_generator_preprocessing_and_classifiers(world):
     scores = world.concept_scores(world.classifier_params, x)
     assert scores.shape == (3, len(CLASSES))
     assert world.encode_latents(world.params, z).shape == (3, 10)
+
+
+def test_converted_parts_load_like_the_upstream_files(world, world_dir, converted_dir):
+    """`certify convert stylegan2|cbae` record their sources; the world they make has the very
+    same generator parameters as the one converted from the files on every load."""
+    sg2 = checkpoint.read_manifest(converted_dir / "sg2")
+    assert (sg2["kind"], sg2["network"], sg2["format_version"]) == ("stylegan2", "G_ema", 2)
+    assert sg2["sources"] == {"checkpoint": {"file": "g.pkl", "sha256": checkpoint.sha256_file(
+        world_dir / "g.pkl")}}
+    cbae = checkpoint.read_manifest(converted_dir / "cbae")
+    assert cbae["kind"] == "cbae" and set(cbae["sources"]) == {"checkpoint", "config"}
+    assert cbae["config"]["concept_names"] == ["a", "b", "c"]
+    converted = load_world_dir(converted_dir)
+    assert converted.name == "dir:tiny-converted"
+    assert converted.generator.concept_names == world.generator.concept_names
+    leaves = jax.tree_util.tree_leaves_with_path(converted.generator.params)
+    expected = jax.tree_util.tree_leaves_with_path(world.generator.params)
+    assert [path for path, _ in leaves] == [path for path, _ in expected] and len(leaves) > 20
+    for (path, a), (_, b) in zip(leaves, expected, strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
+
+
+def test_world_of_converted_parts_certifies_without_torch(world, converted_dir):
+    """With ``import torch`` failing, the converted world loads (no torch, no cbcert.convert or
+    training imported) and gives the upstream world's logits and Monte Carlo counts exactly."""
+    models = ("std", "cbm", "proto")
+    code = f"""
+import json, sys
+sys.modules["torch"] = None  # `import torch` raises ImportError from here on
+import jax, numpy as np
+from cbcert.engine.noise import Gaussian
+from cbcert.engine.sampler import count_classes
+from cbcert.worlds.directory import load_world_dir
+world = load_world_dir({str(converted_dir)!r})
+z = jax.random.normal(jax.random.key(0), (3, 12))
+logits = jax.jit(world.latent_apply({models!r}))(world.params, z)
+counts = count_classes(world.latent_apply({models!r}), world.params, z, Gaussian(), 0.5,
+                       jax.random.key(1), 16, num_classes=2)
+assert sys.modules["torch"] is None
+assert not [m for m in sys.modules if m.startswith(("cbcert.convert", "cbcert.training"))]
+print(json.dumps({{"logits": np.asarray(logits).tolist(), "counts": np.asarray(counts).tolist()}}))
+"""
+    child = json.loads(run_python(code).strip().splitlines()[-1])
+    z = jax.random.normal(jax.random.key(0), (3, 12))
+    logits = jax.jit(world.latent_apply(models))(world.params, z)
+    counts = count_classes(world.latent_apply(models), world.params, z, Gaussian(), 0.5,
+                           jax.random.key(1), 16, num_classes=2)
+    np.testing.assert_array_equal(np.asarray(child["logits"], np.float32), logits)
+    np.testing.assert_array_equal(child["counts"], counts)
+    assert np.asarray(counts).sum() == 3 * 3 * 16
 
 
 def test_preprocess_resizes_then_normalises():
@@ -239,6 +314,21 @@ def test_cli_runs_on_a_world_directory(world_dir, tmp_path, command, scale):
      "generator.class_index=0; g.pkl is an unconditional StyleGAN2 (c_dim=0): remove the key"),
     (lambda m: m["generator"].update(class_index=-1), "generator.class_index=-1; allowed: "
                                                       "integers >= 0"),
+    (lambda m: m["generator"].update(converted="std"),
+     "generator has both 'converted' and 'pickle'; name either the converted directory or the "
+     "upstream files"),
+    (lambda m: m["cbae"].update(converted="std"), "cbae has both 'converted' and 'checkpoint'"),
+    (lambda m: m.update(generator={"kind": "stylegan2", "converted": "std", "network": "G"}),
+     "generator has both 'converted' and 'network'"),
+    (lambda m: m.update(generator={"kind": "stylegan2", "converted": "std"}),
+     "generator.converted='std' is kind='resnet18'; expected a `certify convert stylegan2` "
+     "directory"),
+    (lambda m: m.update(generator={"kind": "stylegan2"}),
+     "missing key 'pickle' in generator (required: pickle; or 'converted'"),
+    (lambda m: m.update(cbae={"converted": "proto"}),
+     "cbae.converted='proto' is kind='pixpnet'; expected a `certify convert cbae` directory"),
+    (lambda m: m.update(cbae={"config": "cbae.yaml"}),
+     "missing key 'checkpoint' in cbae (required: checkpoint, config; or 'converted'"),
     (lambda m: m.update(generator={"kind": "biggan", "weights": "g.pkl", "config": "cbae.yaml",
                                    "class_index": 0}),
      "unknown key 'checkpoint' in cbae (allowed: trained)"),
@@ -395,6 +485,54 @@ def test_train_cbae_then_certify_concepts_on_the_biggan_world(world_dir, tmp_pat
                                            "--concept-classifier", str(parts / "two"),
                                            "--concepts", "a,b", "--out", str(tmp_path / "y")])
     assert result.exit_code == 2 and "already has a CB-AE" in result.output
+
+    # The same BigGAN converted once: same images, and the CB-AE trained on the files fits it
+    # (its converter recorded their sha256); the converted params sha256 joins the identity.
+    result = CliRunner().invoke(cli.main, ["convert", "biggan", str(parts / "pytorch_model.bin"),
+                                           str(parts / "bg"), "--config",
+                                           str(parts / "config.json")])
+    assert result.exit_code == 0, result.output
+    bg = checkpoint.read_manifest(parts / "bg")
+
+    def converted_world(name, class_index=3, cbae=cbae_dir):
+        def edit(manifest):
+            biggan(manifest, class_index, cbae="cbae")
+            manifest["generator"] = {"kind": "biggan", "converted": "parts/bg",
+                                     "class_index": class_index, "truncation": 0.5}
+
+        root = with_manifest(tmp_path / name, world_dir, edit)
+        (tmp_path / name / "parts").symlink_to(parts)
+        (tmp_path / name / "cbae").symlink_to(cbae)
+        return root
+
+    conv = converted_world("conv")
+    assert generator_identity(read_manifest(conv)) == {
+        "kind": "biggan", "weights_sha256": checkpoint.sha256_file(parts / "pytorch_model.bin"),
+        "config_sha256": checkpoint.sha256_file(parts / "config.json"),
+        "params_sha256": bg["params_sha256"], "class_index": 3, "truncation": 0.5}
+    conv_world = load_world_dir(conv)
+    z = jax.random.normal(jax.random.key(0), (2, BIGGAN_FIELDS["z_dim"]))
+    np.testing.assert_array_equal(jax.jit(conv_world.latent_apply(("std",)))(conv_world.params, z),
+                                  jax.jit(loaded.latent_apply(("std",)))(loaded.params, z))
+    with pytest.raises(ValueError, match="class_index=3, this world's has 4"):
+        load_world_dir(converted_world("conv_other", class_index=4))
+    # A CB-AE trained on the converted generator records only its params sha256: it fits the
+    # converted world, not the upstream files (nothing to compare) nor other params.
+    only = tmp_path / "only_params"
+    shutil.copytree(cbae_dir, only)
+    manifest = json.loads((only / "manifest.json").read_text())
+    manifest["identity"]["generator"] = {"kind": "biggan", "params_sha256": bg["params_sha256"],
+                                         "class_index": 3, "truncation": 0.5}
+    (only / "manifest.json").write_text(json.dumps(manifest))
+    assert load_world_dir(converted_world("conv_only", cbae=only)).generator.num_concepts == 3
+    files_only = world("files_only", cbae="cbae")
+    (tmp_path / "files_only" / "cbae").symlink_to(only)
+    with pytest.raises(ValueError, match="trained on a generator with weights_sha256=None"):
+        load_world_dir(files_only)
+    manifest["identity"]["generator"]["params_sha256"] = "0" * 64
+    (only / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="with params_sha256='0{64}', this world's has"):
+        load_world_dir(converted_world("conv_bad", cbae=only))
 
 
 def run_latent(world: str, out) -> tuple[int, str]:

@@ -16,6 +16,10 @@ batch.
 The perturbed space is arbitrary (a generator latent, a concept representation, an
 image): ``logits_fn`` maps a batch of points of that space to class logits, and the
 box constraint ``[lower, upper]`` is optional.
+
+Size: one algorithm in one file (~600 lines): the step, the checkpoint rule, the restart
+bookkeeping and the compacted restart batches share the per-example state of a single jitted
+loop; split apart, each piece would need the whole state to be read.
 """
 
 from __future__ import annotations

@@ -1,48 +1,40 @@
-"""PyTorch -> Flax NNX converters for pretrained classifiers (the only package importing torch).
+"""Upstream checkpoints -> cbcert checkpoints: the write side, and the only package importing torch.
 
-``convert(kind, checkpoint_path, out_dir, ...)`` maps a checkpoint through one strict key table
-(see ``common``), writes the params as an orbax checkpoint and a ``manifest.json`` (kind,
-architecture config, sha256 of every source file and of the written params).
-``load_converted(out_dir)`` restores it, re-checks the params hash and returns the model as a
-pure function ``apply_fn(params, x[B, H, W, 3]) -> logits[B, C]``.
+``read_module(kind, checkpoint_path, ...)`` reads an upstream checkpoint into its Flax NNX
+module through one strict key table (see ``common``); ``convert(kind, checkpoint_path,
+out_dir, ...)`` does that and writes the module in cbcert's one checkpoint format
+(``cbcert.io.checkpoint``: orbax ``params/`` + ``manifest.json`` with the kind, the
+architecture config, the sha256 of every source file, the params sha256 and the file hashes).
+Loading is ``cbcert.io.registry.load_module`` / ``load_converted``, which need neither torch nor
+this package.
 
-Inputs are NHWC float32 images already preprocessed the way the source model expects (e.g.
-ImageNet mean/std normalisation for torchvision weights); the converters do not add it.
+Kinds: classifiers (torchvision ``resnet*`` / ``densenet*`` state_dicts, post-hoc-cbm ``pcbm``,
+``pixpnet``) and generators (``stylegan2``: an NVlabs network pickle, read without torch;
+``biggan``: pytorch-pretrained-biggan ``pytorch_model.bin`` + ``config.json``; ``cbae``: a
+posthoc-generative-cbm CB-AE ``.pt`` + its YAML config). Classifier inputs are NHWC float32
+images already preprocessed the way the source model expects (e.g. ImageNet mean/std for
+torchvision weights); the converters do not add it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
-from collections.abc import Callable
 from typing import Any
 
-import jax
 from flax import nnx
 
-from cbcert.convert import common
-from cbcert.convert.common import pure_apply
-from cbcert.convert.torchvision import DENSENET_NAMES, RESNET_NAMES
-from cbcert.generators.cbae import CBAE, CBAEConfig
-from cbcert.models.densenet import DenseNet, DenseNetConfig
-from cbcert.models.pcbm import PCBM, PCBMConfig
-from cbcert.models.pixpnet import PixPNet, PixPNetConfig
-from cbcert.models.resnet import ResNet, ResNetConfig
+from cbcert.io.checkpoint import sha256_file
+from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, save_module
 
-KINDS = (*RESNET_NAMES, *DENSENET_NAMES, "pcbm", "pixpnet")
-# kind -> (config class, module class); the manifest's "config" rebuilds the module.
-_ARCHITECTURES: dict[str, tuple[type, type[nnx.Module]]] = {
-    **{name: (ResNetConfig, ResNet) for name in RESNET_NAMES},
-    **{name: (DenseNetConfig, DenseNet) for name in DENSENET_NAMES},
-    "pcbm": (PCBMConfig, PCBM),
-    "pixpnet": (PixPNetConfig, PixPNet),
-    "cbae": (CBAEConfig, CBAE),  # written by `certify train cbae` (cbcert.train_cbae), not here
-}
+CLASSIFIER_KINDS = (*RESNET_NAMES, *DENSENET_NAMES, "pcbm", "pixpnet")
+GENERATOR_KINDS = ("stylegan2", "biggan", "cbae")
+KINDS = (*CLASSIFIER_KINDS, *GENERATOR_KINDS)
+DEFAULT_NETWORK = "G_ema"
 
 
 def _source(path: str | pathlib.Path) -> dict[str, str]:
     path = pathlib.Path(path)
-    return {"file": path.name, "sha256": common.sha256_file(path)}
+    return {"file": path.name, "sha256": sha256_file(path)}
 
 
 def _require(value: Any, name: str, kind: str) -> Any:
@@ -51,98 +43,110 @@ def _require(value: Any, name: str, kind: str) -> Any:
     return value
 
 
-def convert(kind: str, checkpoint_path: str | pathlib.Path, out_dir: str | pathlib.Path, *,
-            backbone: str | None = None, backbone_path: str | pathlib.Path | None = None,
-            concept_bank_path: str | pathlib.Path | None = None,
-            config_path: str | pathlib.Path | None = None) -> dict:
-    """Convert a PyTorch checkpoint into ``out_dir`` (orbax params + ``manifest.json``).
+def read_module(kind: str, checkpoint_path: str | pathlib.Path, *,
+                backbone: str | None = None,
+                backbone_path: str | pathlib.Path | None = None,
+                concept_bank_path: str | pathlib.Path | None = None,
+                config_path: str | pathlib.Path | None = None,
+                network: str | None = None,
+                network_setting: str = "network") -> tuple[nnx.Module, dict[str, Any]]:
+    """The Flax module of an upstream checkpoint (in memory) and its extra manifest fields.
 
     Args:
-      kind: one of ``KINDS``: a torchvision name (``resnet18``, ``resnet50``, ``densenet161``,
-        ...; ``checkpoint_path`` is its state_dict), ``"pcbm"`` (``checkpoint_path`` is the
-        post-hoc-cbm ``.ckpt``; needs ``backbone`` -- a torchvision name or pytorchcv's
-        ``resnet18_cub`` -- and ``backbone_path``, its state_dict; optionally
-        ``concept_bank_path``) or ``"pixpnet"`` (``checkpoint_path`` is the Lightning
-        checkpoint; needs ``config_path``, its ``config.yaml``).
-      out_dir: new or empty directory.
+      kind: one of ``KINDS``; the arguments each needs are those of ``convert``.
+      network_setting: how the caller's user spells ``network`` (``--network``,
+        ``world.json: generator.network``), for error messages.
 
     Returns:
-      The manifest written (also ``out_dir/manifest.json``).
+      ``(module, extra)``: ``extra`` holds kind-specific manifest fields (pcbm:
+      ``concept_names``, ``upstream_backbone_name``; stylegan2: ``network``).
 
     Raises:
       ValueError: bad arguments, or a checkpoint that does not match the architecture (every
         unknown, missing and mis-shaped key is listed by name).
+      ImportError: torch is not installed and the kind's files need it (all but stylegan2).
     """
-    sources = {"checkpoint": _source(checkpoint_path)}
-    extra: dict[str, Any] = {}
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}; allowed: {KINDS}")
+    if network is not None and kind != "stylegan2":
+        raise ValueError(f"{network_setting}={network!r}; only kind='stylegan2' takes it")
     if kind in RESNET_NAMES or kind in DENSENET_NAMES:
-        from cbcert.convert import torchvision
+        from cbcert.convert import common, torchvision
 
-        module = torchvision.backbone_from_state_dict(
-            kind, common.load_torch_state_dict(checkpoint_path))
-    elif kind == "pcbm":
-        from cbcert.convert import pcbm
+        return torchvision.backbone_from_state_dict(
+            kind, common.load_torch_state_dict(checkpoint_path)), {}
+    if kind == "pcbm":
+        from cbcert.convert import common, pcbm
 
         backbone_tensors = common.load_torch_state_dict(
             _require(backbone_path, "backbone_path", kind))
         module, checkpoint = pcbm.pcbm_from_checkpoints(
             checkpoint_path, _require(backbone, "backbone", kind), backbone_tensors,
             concept_bank_path)
-        sources["backbone"] = _source(backbone_path)
-        if concept_bank_path is not None:
-            sources["concept_bank"] = _source(concept_bank_path)
-        extra["concept_names"] = list(checkpoint.concept_names)
-        extra["upstream_backbone_name"] = checkpoint.backbone_name
-    elif kind == "pixpnet":
+        return module, {"concept_names": list(checkpoint.concept_names),
+                        "upstream_backbone_name": checkpoint.backbone_name}
+    if kind == "pixpnet":
         from cbcert.convert import pixpnet
 
         module, _ = pixpnet.pixpnet_from_checkpoint(
             checkpoint_path, _require(config_path, "config_path", kind))
-        sources["config"] = _source(config_path)
-    else:
-        raise ValueError(f"kind={kind!r}; allowed: {KINDS}")
-    manifest = {"kind": kind, "config": dataclasses.asdict(module.config), "sources": sources,
-                **extra}
-    return common.write_converted(out_dir, module, manifest)
+        return module, {}
+    if kind == "stylegan2":
+        from cbcert.convert import stylegan2
+
+        network = DEFAULT_NETWORK if network is None else network
+        return stylegan2.load_stylegan2(checkpoint_path, network, network_setting), {
+            "network": network}
+    if kind == "biggan":
+        from cbcert.convert import biggan
+
+        return biggan.load_biggan(checkpoint_path, _require(config_path, "config_path", kind)), {}
+    from cbcert.convert import cbae
+
+    return cbae.load_cbae(checkpoint_path, _require(config_path, "config_path", kind)), {}
 
 
-def _as_tuples(value: Any) -> Any:
-    """JSON turns config tuples into lists; frozen configs want them back as tuples."""
-    return tuple(_as_tuples(v) for v in value) if isinstance(value, list) else value
+def convert(kind: str, checkpoint_path: str | pathlib.Path, out_dir: str | pathlib.Path, *,
+            backbone: str | None = None, backbone_path: str | pathlib.Path | None = None,
+            concept_bank_path: str | pathlib.Path | None = None,
+            config_path: str | pathlib.Path | None = None,
+            network: str | None = None) -> dict:
+    """Convert an upstream checkpoint into ``out_dir`` (orbax params + ``manifest.json``).
 
+    Args:
+      kind: one of ``KINDS``: a torchvision name (``resnet18``, ``resnet50``, ``densenet161``,
+        ...; ``checkpoint_path`` is its state_dict), ``"pcbm"`` (``checkpoint_path`` is the
+        post-hoc-cbm ``.ckpt``; needs ``backbone`` -- a torchvision name or pytorchcv's
+        ``resnet18_cub`` -- and ``backbone_path``, its state_dict; optionally
+        ``concept_bank_path``), ``"pixpnet"`` (``checkpoint_path`` is the Lightning
+        checkpoint; needs ``config_path``, its ``config.yaml``), ``"stylegan2"``
+        (``checkpoint_path`` is a stylegan2-ada-pytorch ``network-snapshot-*.pkl``;
+        ``network`` names the generator in it, default ``G_ema``), ``"biggan"``
+        (``pytorch_model.bin``; needs ``config_path``, its ``config.json``) or ``"cbae"``
+        (a CB-AE ``.pt`` state_dict; needs ``config_path``, the YAML it was trained with).
+      out_dir: new or empty directory.
 
-def _abstract_from_manifest(manifest: dict) -> nnx.Module:
-    kind = manifest.get("kind")
-    if kind not in _ARCHITECTURES:
-        raise ValueError(f"manifest kind={kind!r}; allowed: {KINDS}")
-    config_class, module_class = _ARCHITECTURES[kind]
-    fields = {f.name for f in dataclasses.fields(config_class)}
-    config = manifest.get("config", {})
-    if set(config) != fields:
-        raise ValueError(f"manifest config keys {sorted(config)} do not match "
-                         f"{config_class.__name__} fields {sorted(fields)}")
-    config = config_class(**{k: _as_tuples(v) for k, v in config.items()})
-    return common.abstract(lambda rngs: module_class(config, rngs=rngs))
-
-
-def load_converted_module(out_dir: str | pathlib.Path) -> tuple[nnx.Module, dict]:
-    """The converted NNX module (with ``embed``/``features``/... methods) and its manifest."""
-    return common.read_converted(out_dir, _abstract_from_manifest)
-
-
-def load_converted(out_dir: str | pathlib.Path) -> tuple[
-        Callable[[nnx.State, jax.Array], jax.Array], nnx.State, dict]:
-    """``(apply_fn, params, manifest)`` of a model written by ``convert``.
-
-    ``apply_fn(params, x[B, H, W, 3]) -> logits[B, C]`` is pure; wrap it in ``jax.jit``.
+    Returns:
+      The manifest written (also ``out_dir/manifest.json``): ``sources`` maps each input role
+      (``checkpoint``, ``backbone``, ``concept_bank``, ``config``) to ``{"file", "sha256"}``.
 
     Raises:
-      ValueError: missing files, unknown kind or config, or params whose sha256 differs from
-        the manifest.
+      ValueError: bad arguments, a checkpoint that does not match the architecture (every
+        unknown, missing and mis-shaped key is listed by name), or an ``out_dir`` that already
+        holds a checkpoint (``cbcert.io.checkpoint.CheckpointError``).
+      ImportError: torch is not installed and the kind's files need it.
     """
-    module, manifest = load_converted_module(out_dir)
-    apply_fn, params = pure_apply(module)
-    return apply_fn, params, manifest
+    module, extra = read_module(kind, checkpoint_path, backbone=backbone,
+                                backbone_path=backbone_path, concept_bank_path=concept_bank_path,
+                                config_path=config_path, network=network)
+    sources = {"checkpoint": _source(checkpoint_path)}
+    if kind == "pcbm":
+        sources["backbone"] = _source(backbone_path)
+        if concept_bank_path is not None:
+            sources["concept_bank"] = _source(concept_bank_path)
+    if kind in ("pixpnet", "biggan", "cbae"):
+        sources["config"] = _source(config_path)
+    return save_module(out_dir, kind, module, {"sources": sources, **extra})
 
 
-__all__ = ["KINDS", "convert", "load_converted", "load_converted_module", "pure_apply"]
+__all__ = ["CLASSIFIER_KINDS", "GENERATOR_KINDS", "KINDS", "convert", "read_module"]

@@ -19,13 +19,13 @@ import numpy as np
 from cbcert.convert.common import (
     Entry,
     Table,
-    abstract,
     conv_entries,
     fill_module,
     linear_entries,
     load_torch_state_dict,
 )
 from cbcert.generators.biggan import BigGAN, BigGANConfig
+from cbcert.io.registry import abstract
 
 _CONFIG_KEYS = {"output_dim", "z_dim", "class_embed_dim", "channel_width", "num_classes",
                 "layers", "attention_layer_position", "eps", "n_stats"}

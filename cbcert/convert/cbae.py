@@ -16,13 +16,13 @@ import numpy as np
 
 from cbcert.convert.common import (
     Table,
-    abstract,
     batch_norm_entries,
     fill_module,
     linear_entries,
     load_torch_state_dict,
 )
 from cbcert.generators.cbae import CBAE, NUM_HIDDEN, CBAEConfig
+from cbcert.io.registry import abstract
 
 
 def cbae_table() -> Table:
@@ -37,7 +37,7 @@ def cbae_table() -> Table:
 
 
 def abstract_cbae(config: CBAEConfig) -> CBAE:
-    """Shape-only ``CBAE`` (see ``common.abstract``)."""
+    """Shape-only ``CBAE`` (see ``cbcert.io.registry.abstract``)."""
     return abstract(lambda rngs: CBAE(config, rngs=rngs))
 
 

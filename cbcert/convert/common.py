@@ -13,10 +13,8 @@ torch is imported lazily, only inside ``load_torch_state_dict``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import pathlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import jax
@@ -26,9 +24,6 @@ from flax import nnx
 Transform = Literal["conv", "linear", "copy", "squeeze_hw", "column", "ignore"]
 Path = tuple[str | int, ...]
 
-MANIFEST_NAME = "manifest.json"
-PARAMS_DIR = "params"
-MANIFEST_VERSION = 1
 _MAX_LISTED = 25  # keys listed per error category; the count is always given
 
 
@@ -51,24 +46,6 @@ class Entry:
 
 
 Table = dict[str, Entry]
-
-
-class _StatelessKeys:
-    """Key source for shape-only construction: every draw returns the same key.
-
-    ``nnx.Rngs`` updates a counter variable on every draw; under ``nnx.eval_shape`` each update
-    builds a tracer error message whose cost grows with the trace, which makes abstract
-    construction quadratic in the number of layers (3 s instead of 0.7 s for DenseNet-161).
-    Shapes do not depend on the keys, so a constant key is exact here.
-    """
-
-    def params(self) -> jax.Array:
-        return jax.random.key(0)
-
-
-def abstract(build: Callable[[Any], nnx.Module]) -> nnx.Module:
-    """Shape-only module ``build(rngs)`` (variables are ``jax.ShapeDtypeStruct``; nothing drawn)."""
-    return nnx.eval_shape(lambda: build(_StatelessKeys()))
 
 
 def conv_entries(table: Table, key: str, path: Path, bias: bool = False) -> None:
@@ -225,109 +202,3 @@ def load_torch_state_dict(path: str | pathlib.Path) -> dict[str, np.ndarray]:
                              f"{type(value).__name__}, not a tensor")
         out[key] = value.detach().cpu().numpy()
     return out
-
-
-def pure_apply(module: nnx.Module,
-               method: Callable[[Any, jax.Array], jax.Array] = lambda m, x: m(x),
-               ) -> tuple[Callable[[nnx.State, jax.Array], jax.Array], nnx.State]:
-    """Split ``module`` once into a pure ``apply_fn(params, x)`` and its ``params`` pytree.
-
-    ``apply_fn(params, x) = method(nnx.merge(graphdef, params), x)``; jit it with plain
-    ``jax.jit``. The graph definition is closed over (static), the params are a pytree of
-    arrays that shard and donate like any other.
-    """
-    graphdef, params = nnx.split(module)
-
-    def apply_fn(params: nnx.State, x: jax.Array) -> jax.Array:
-        return method(nnx.merge(graphdef, params), x)
-
-    return apply_fn, params
-
-
-def sha256_file(path: str | pathlib.Path) -> str:
-    """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def sha256_params(params: nnx.State) -> str:
-    """Hex sha256 of a params pytree: every leaf's path, dtype, shape and bytes, in path order."""
-    digest = hashlib.sha256()
-    for path, variable in sorted(nnx.to_flat_state(params), key=lambda kv: str(kv[0])):
-        array = np.asarray(variable.get_value())
-        digest.update(f"{path}|{array.dtype.str}|{array.shape}|".encode())
-        digest.update(np.ascontiguousarray(array).tobytes())
-    return digest.hexdigest()
-
-
-def write_converted(out_dir: str | pathlib.Path, module: nnx.Module, manifest: dict) -> dict:
-    """Write ``module``'s variables as an orbax checkpoint plus ``manifest.json`` into ``out_dir``.
-
-    The manifest gets ``params_sha256`` (see ``sha256_params``) and ``format_version`` added; it
-    must already hold ``kind``, ``config`` and ``sources`` (source file -> sha256). Returns it.
-    """
-    import orbax.checkpoint as ocp
-
-    out_dir = pathlib.Path(out_dir).absolute()
-    if (out_dir / MANIFEST_NAME).exists() or (out_dir / PARAMS_DIR).exists():
-        raise ValueError(f"out_dir={str(out_dir)!r} already holds a converted model; "
-                         "choose an empty directory")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _, params = nnx.split(module)
-    # Round-trip through JSON so the caller sees exactly what load_converted will return.
-    manifest = json.loads(json.dumps({"format_version": MANIFEST_VERSION, **manifest,
-                                      "params_sha256": sha256_params(params)}))
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(out_dir / PARAMS_DIR, nnx.to_pure_dict(params))
-    checkpointer.wait_until_finished()
-    (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return manifest
-
-
-def read_converted(out_dir: str | pathlib.Path,
-                   build_abstract: Callable[[dict], nnx.Module]) -> tuple[nnx.Module, dict]:
-    """Restore a module written by ``write_converted`` and verify its params hash.
-
-    Args:
-      out_dir: directory holding ``manifest.json`` and ``params/``.
-      build_abstract: ``manifest -> abstract module`` (from ``nnx.eval_shape``).
-
-    Raises:
-      ValueError: missing files, unknown format version, or params whose sha256 differs from the
-        manifest (corrupted or edited checkpoint).
-    """
-    import orbax.checkpoint as ocp
-
-    out_dir = pathlib.Path(out_dir).absolute()
-    manifest_path = out_dir / MANIFEST_NAME
-    if not manifest_path.is_file():
-        raise ValueError(f"dir={str(out_dir)!r}: no {MANIFEST_NAME}; not a converted model")
-    try:
-        manifest = json.loads(manifest_path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{manifest_path}: damaged, not valid JSON ({err})") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("params_sha256"), str):
-        raise ValueError(f"{manifest_path}: damaged, expected an object with a params_sha256")
-    if manifest.get("format_version") != MANIFEST_VERSION:
-        raise ValueError(f"{manifest_path}: format_version={manifest.get('format_version')!r}; "
-                         f"this cbcert reads version {MANIFEST_VERSION}")
-    try:
-        graphdef, abstract_state = nnx.split(build_abstract(manifest))
-    except (TypeError, KeyError, AttributeError) as err:
-        raise ValueError(f"{manifest_path}: damaged config ({type(err).__name__}: {err})") \
-            from None
-    try:
-        restored = ocp.StandardCheckpointer().restore(out_dir / PARAMS_DIR,
-                                                      nnx.to_pure_dict(abstract_state))
-    except Exception as err:  # orbax raises many types for missing or truncated files
-        raise ValueError(f"dir={str(out_dir)!r}: cannot restore the parameters, the checkpoint "
-                         f"is incomplete or damaged ({type(err).__name__})") from None
-    nnx.replace_by_pure_dict(abstract_state, restored)
-    digest = sha256_params(abstract_state)
-    if digest != manifest["params_sha256"]:
-        raise ValueError(f"dir={str(out_dir)!r}: params sha256 {digest} does not match the "
-                         f"manifest's {manifest['params_sha256']}; the checkpoint was altered")
-    return nnx.merge(graphdef, abstract_state), manifest

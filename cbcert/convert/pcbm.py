@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from cbcert.convert import pickles, pytorchcv
-from cbcert.convert.common import Entry, Table, abstract, fill_module, linear_entries, nested
+from cbcert.convert.common import Entry, Table, fill_module, linear_entries, nested
 from cbcert.convert.torchvision import (
     DENSENET_PRESETS,
     RESNET_PRESETS,
@@ -34,6 +34,7 @@ from cbcert.convert.torchvision import (
     densenet_table,
     resnet_table,
 )
+from cbcert.io.registry import abstract
 from cbcert.models.pcbm import BACKBONES, PCBM, PYTORCHCV_BACKBONES, PCBMConfig
 from cbcert.models.resnet import ResNetConfig
 

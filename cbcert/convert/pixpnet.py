@@ -26,7 +26,6 @@ from cbcert.convert import pickles
 from cbcert.convert.common import (
     Entry,
     Table,
-    abstract,
     batch_norm_entries,
     conv_entries,
     fill_module,
@@ -34,6 +33,7 @@ from cbcert.convert.common import (
     nested,
 )
 from cbcert.convert.torchvision import canonical_densenet_keys, densenet_table, resnet_table
+from cbcert.io.registry import abstract
 from cbcert.models.densenet import DenseNetConfig
 from cbcert.models.pixpnet import PixPNet, PixPNetConfig, add_on_layer_specs, vgg_sequence
 from cbcert.models.resnet import ResNetConfig

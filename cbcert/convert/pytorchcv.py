@@ -16,12 +16,12 @@ import numpy as np
 
 from cbcert.convert.common import (
     Table,
-    abstract,
     batch_norm_entries,
     conv_entries,
     fill_module,
     linear_entries,
 )
+from cbcert.io.registry import abstract
 from cbcert.models.pcbm import PYTORCHCV_BACKBONES
 from cbcert.models.resnet import ResNet, ResNetConfig
 

@@ -34,12 +34,13 @@ import numpy as np
 from cbcert.convert.common import (
     Entry,
     Table,
-    abstract,
     fill_module,
     linear_entries,
 )
 from cbcert.convert.pickles import RestrictedUnpickler, StorageType
-from cbcert.generators.stylegan2 import ARCHITECTURES, StyleGAN2, StyleGAN2Config
+from cbcert.generators.stylegan2.config import ARCHITECTURES, StyleGAN2Config
+from cbcert.generators.stylegan2.network import StyleGAN2
+from cbcert.io.registry import abstract
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch's legacy (non-zip) serialisation magic number
 _EASYDICT = "dnnlib.util.EasyDict"
@@ -336,7 +337,7 @@ def _two_d_filters(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def abstract_stylegan2(config: StyleGAN2Config) -> StyleGAN2:
-    """Shape-only ``StyleGAN2`` (for ``common.read_converted``)."""
+    """Shape-only ``StyleGAN2``."""
     return abstract(lambda rngs: StyleGAN2(config, rngs=rngs))
 
 

@@ -14,17 +14,14 @@ import numpy as np
 
 from cbcert.convert.common import (
     Table,
-    abstract,
     batch_norm_entries,
     conv_entries,
     fill_module,
     linear_entries,
 )
+from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, abstract
 from cbcert.models.densenet import DENSENET_PRESETS, DenseNet, DenseNetConfig, stage_names
 from cbcert.models.resnet import RESNET_PRESETS, ResNet, ResNetConfig
-
-RESNET_NAMES = tuple(sorted(RESNET_PRESETS))
-DENSENET_NAMES = tuple(sorted(DENSENET_PRESETS))
 
 
 def resnet_table(config: ResNetConfig) -> Table:

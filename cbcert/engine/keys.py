@@ -7,10 +7,31 @@ Selection and estimation samples of Cohen et al. (2019, ``CERTIFY``) come from d
 of the same root key, so they are independent by construction.
 """
 
+import enum
+
 import jax
 
-STREAM_SELECT = 0
-STREAM_ESTIMATE = 1
+
+class Stream(enum.IntEnum):
+    """The streams of a run's root key (``fold_in(root, stream)``): every number in one place.
+
+    Streams that never meet in one run share a number (an attack run has no perturbation
+    budgets): the attack's random starts reuse the geometric stream and its EOT noise the
+    semantic one, as they always have, so results stay bit-identical.
+    """
+
+    SELECT = 0  # CERTIFY's n0 selection samples
+    ESTIMATE = 1  # CERTIFY's n estimation samples; PREDICT
+    POOL = 2  # the generated input pool z_i
+    GEOMETRIC = 3  # perturb: latent shifts ε·u
+    ATTACK = 3  # attack: APGD random starts
+    SEMANTIC = 4  # perturb: τ concept flips
+    EOT = 4  # attack: the smoothed attack's noise samples
+    SUBSETS = 5  # perturb: the paired subsets (numpy entropy ``(seed, 5)``)
+
+
+STREAM_SELECT = Stream.SELECT
+STREAM_ESTIMATE = Stream.ESTIMATE
 
 
 def stream_key(root: jax.Array, stream: int) -> jax.Array:
@@ -23,7 +44,7 @@ def stream_key(root: jax.Array, stream: int) -> jax.Array:
     Returns:
       A key of the same kind as ``root``.
     """
-    return jax.random.fold_in(root, stream)
+    return jax.random.fold_in(root, int(stream))
 
 
 def sample_key(key: jax.Array, i: jax.Array | int, j: jax.Array | int) -> jax.Array:

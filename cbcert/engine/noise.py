@@ -5,8 +5,7 @@ its scale (σ, ρ, m, ε) is passed to ``perturb`` as a traced value, so a sweep
 one compilation. ``perturb(key, x[*event], param)`` draws one noisy sample; the sampler vmaps it
 over (input, sample) pairs with keys from ``cbcert.engine.keys.sample_key``.
 
-Concept representations follow docs/DESIGN.md: ``c = [c0+, c0-, c1+, c1-, ..., u]`` of length
-``2K + U``; flipping concept i swaps ``c[2i]`` and ``c[2i+1]``.
+Concept representations follow `cbcert.concepts` (flips are `cbcert.concepts.flip_pairs`).
 """
 
 import dataclasses
@@ -17,48 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
-def flip_pairs(c: jax.Array, eta: jax.Array, num_concepts: int) -> jax.Array:
-    """Concept flip ``F(c, η)`` (SPEC §1): swap the pair ``(ci+, ci-)`` wherever ``η_i = 1``.
-
-    Args:
-      c: concept representations ``[..., 2K + U]``, interleaved logit pairs then ``u``.
-      eta: flip indicators ``[..., K]`` (bool or 0/1 ints), broadcastable against ``c[..., :1]``.
-      num_concepts: K.
-
-    Returns:
-      ``[..., 2K + U]``, same dtype as ``c``; the unsupervised dims ``u`` are untouched.
-    """
-    _check_concept_dim(c.shape, num_concepts, "c")
-    k2 = 2 * num_concepts
-    pairs = c[..., :k2].reshape(*c.shape[:-1], num_concepts, 2)  # [..., K, 2]
-    flipped = jnp.where(jnp.asarray(eta, bool)[..., None], pairs[..., ::-1], pairs)
-    return jnp.concatenate([flipped.reshape(*c.shape[:-1], k2), c[..., k2:]], axis=-1)
-
-
-def concept_state(c: jax.Array, num_concepts: int) -> jax.Array:
-    """Concept state ``C(c)_i = 1[ci+ > ci-]`` (SPEC §1).
-
-    Args:
-      c: concept representations ``[..., 2K + U]``.
-      num_concepts: K.
-
-    Returns:
-      ``[..., K]`` bool.
-    """
-    _check_concept_dim(c.shape, num_concepts, "c")
-    k2 = 2 * num_concepts
-    return c[..., 0:k2:2] > c[..., 1:k2:2]
-
-
-def _check_concept_dim(shape: tuple[int, ...], num_concepts: int, name: str) -> None:
-    if num_concepts < 1:
-        raise ValueError(f"num_concepts={num_concepts} must be >= 1")
-    if len(shape) < 1 or shape[-1] < 2 * num_concepts:
-        raise ValueError(
-            f"{name} has shape {tuple(shape)}; its last axis must hold 2*num_concepts="
-            f"{2 * num_concepts} interleaved logits (plus optional unsupervised dims)"
-        )
+from cbcert.concepts import check_concept_dim, flip_pairs
 
 
 def _scalar(param, name: str) -> float:
@@ -208,4 +166,4 @@ def _check_event_vector(event_shape: tuple[int, ...], num_concepts: int) -> None
             f"concept noise needs one flat vector c[2K + U] per input, got event shape "
             f"{tuple(event_shape)}"
         )
-    _check_concept_dim(event_shape, num_concepts, "concept representation")
+    check_concept_dim(event_shape, num_concepts, "concept representation")

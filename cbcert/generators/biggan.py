@@ -28,7 +28,7 @@ from flax import nnx
 
 from cbcert.generators.base import Generator
 from cbcert.generators.cbae import CBAE
-from cbcert.models.layers import PatchConv, conv2d
+from cbcert.nn.layers import PatchConv, conv2d
 
 Layer = tuple[bool, int, int]  # (up-sample, input width, output width) in units of channel_width
 

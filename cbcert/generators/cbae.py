@@ -18,7 +18,7 @@ the named (supervised) ones -- upstream's trailing ``"cat"`` group -- are the un
 involution, applied on the way out of E and on the way into D.
 
 Batch norm runs on its running statistics (the upstream model in ``eval()`` mode);
-``cbcert.train_cbae`` trains it in batch-statistics mode.
+``cbcert.training.cbae`` trains it in batch-statistics mode.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from cbcert.concepts import set_concept, swap_pairs
 
 BN_EPS = 1e-5  # torch.nn.BatchNorm1d default
 BN_MOMENTUM = 0.9  # torch's momentum 0.1 (weight of the new batch) in flax's convention
@@ -137,16 +139,6 @@ class _Block(nnx.Module):
         return self.norm(jax.nn.leaky_relu(self.linear(x), LEAKY_SLOPE))
 
 
-def swap_pairs(c: jax.Array, num_concepts: int) -> jax.Array:
-    """Swap the two entries of each of the first ``num_concepts`` pairs: ``c[..., 2K + U]``.
-
-    Converts upstream ``[absent, present]`` bins to cbcert's ``[c+, c−]`` pairs and back.
-    """
-    pairs = c[..., : 2 * num_concepts].reshape(*c.shape[:-1], num_concepts, 2)
-    return jnp.concatenate([pairs[..., ::-1].reshape(*c.shape[:-1], 2 * num_concepts),
-                            c[..., 2 * num_concepts:]], axis=-1)
-
-
 class CBAE(nnx.Module):
     """CB-AE encoder/decoder on flat latents ``w[B, num_ws · dw]`` (cbcert's ``Generator`` layout).
 
@@ -201,23 +193,8 @@ class CBAE(nnx.Module):
         """
         if not 0 <= concept < self.config.num_concepts:
             raise ValueError(f"concept={concept}; allowed: 0..{self.config.num_concepts - 1}")
-        c = swap_intervention(self.encode(w), concept, value)
+        c = set_concept(self.encode(w), concept, value)
         return blend(w, self.decode(c), alpha)
-
-
-def swap_intervention(c: jax.Array, concept: int | jax.Array, value: bool | jax.Array
-                      ) -> jax.Array:
-    """Set concept ``i`` to ``value`` by swapping logits: ``c[B, 2K + U] -> c'[B, 2K + U]``.
-
-    Upstream moves the bin's largest logit to the wanted bin and the wanted bin's old logit to
-    where the maximum was. For a pair this is ``c'_want = max(c+, c−)``, ``c'_other = min(c+, c−)``:
-    a swap if the concept has the other state, a no-op if it already has the wanted one.
-    ``concept`` and ``value`` may be traced (training draws them inside ``jit``).
-    """
-    pos, neg = c[..., 2 * concept], c[..., 2 * concept + 1]
-    high, low = jnp.maximum(pos, neg), jnp.minimum(pos, neg)
-    new_pos, new_neg = jnp.where(value, high, low), jnp.where(value, low, high)
-    return c.at[..., 2 * concept].set(new_pos).at[..., 2 * concept + 1].set(new_neg)
 
 
 def blend(w: jax.Array, w_decoded: jax.Array, alpha: float | jax.Array) -> jax.Array:

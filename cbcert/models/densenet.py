@@ -195,11 +195,12 @@ class DenseNet(nnx.Module):
         return x
 
     def embed(self, x: jax.Array) -> jax.Array:
-        """Pooled embedding ``e = mean_{h,w} relu(norm5(x))``: ``[B, H, W, 3] -> [B, D]``."""
+        """Pooled embedding ``e = mean_{h,w} relu(norm5(x))``: ``[B, H, W, 3] -> [B, D]``, summed
+        and returned in float32 whatever the compute dtype (float32 logits under bfloat16)."""
         if self.config.feature_layer is not None:
             raise ValueError(f"feature_layer={self.config.feature_layer!r}; the pooled embedding "
                              "needs the full network (feature_layer=None)")
-        return jnp.mean(nnx.relu(self.features(x)), axis=(1, 2))
+        return jnp.mean(nnx.relu(self.features(x)), axis=(1, 2), dtype=jnp.float32)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Logits ``classifier(embed(x))``: ``[B, H, W, 3] -> [B, num_classes]``."""

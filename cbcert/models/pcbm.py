@@ -113,7 +113,7 @@ class PCBM(nnx.Module):
                 f"last feature map must be {PYTORCHCV_POOL}x{PYTORCHCV_POOL}; inputs of "
                 f"{x.shape[1]}x{x.shape[2]} px give {features.shape[1]}x{features.shape[2]}. "
                 "Use 193..224 px inputs (post-hoc-cbm center-crops to 224)")
-        return jnp.mean(features, axis=(1, 2))
+        return jnp.mean(features, axis=(1, 2), dtype=jnp.float32)  # float32 heads under bf16
 
     def margins(self, embedding: jax.Array) -> jax.Array:
         """Concept margins ``r = (V e + b) / ||V||``: ``[B, D] -> [B, K]``."""

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from cbcert.models.densenet import DENSENET_PRESETS, DenseNet, DenseNetConfig
-from cbcert.models.layers import conv2d
 from cbcert.models.resnet import RESNET_PRESETS, ResNet, ResNetConfig, batch_norm
+from cbcert.nn.layers import conv2d
 
 VGG_LAYOUTS: dict[str, tuple[int | str, ...]] = {
     "vgg11": (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"),

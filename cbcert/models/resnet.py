@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from cbcert.models.layers import PatchConv, conv2d
+from cbcert.nn.layers import PatchConv, conv2d
 
 BN_EPS = 1e-5  # torch.nn.BatchNorm2d default; flax's default (1e-6) would change the outputs
 # PixPNet's names for the points where a torchvision ResNet can be cut ("conv1" = after its ReLU).
@@ -98,7 +98,7 @@ def conv(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs,
 
     PyTorch pads symmetrically by ``kernel // 2`` (flax's ``"SAME"`` would pad asymmetrically
     for even inputs with stride 2). ``nnx.Conv``'s parameter layout, computed as a patch matmul
-    on CPU (``cbcert.models.layers.conv``).
+    on CPU (``cbcert.nn.layers.conv``).
     """
     return conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, use_bias=bias,
                   rngs=rngs)
@@ -205,12 +205,14 @@ class ResNet(nnx.Module):
     def embed(self, x: jax.Array) -> jax.Array:
         """Pooled embedding ``e = mean_{h,w} layer4(x)``: ``[B, H, W, 3] -> [B, 512 * expansion]``.
 
-        This is torchvision's input to ``fc`` and PCBM's backbone embedding.
+        This is torchvision's input to ``fc`` and PCBM's backbone embedding. Summed and returned
+        in float32 whatever the compute dtype, so ``fc`` (whose parameters promote to float32)
+        gives float32 logits when the network runs in bfloat16; unchanged in float32.
         """
         if self.config.feature_layer is not None:
             raise ValueError(f"feature_layer={self.config.feature_layer!r}; the pooled embedding "
                              "needs the full network (feature_layer=None)")
-        return jnp.mean(self.features(x), axis=(1, 2))
+        return jnp.mean(self.features(x), axis=(1, 2), dtype=jnp.float32)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Logits ``fc(embed(x))``: ``[B, H, W, 3] -> [B, num_classes]``."""

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from cbcert.models.layers import PatchConv
+from cbcert.nn.layers import PatchConv
 
 HEADS = ("std", "cbm", "cbmh", "proto")
 
@@ -88,8 +88,12 @@ class Backbone(nnx.Module):
         return self.stage2(self.stage1(jax.nn.relu(self.stem(x))))
 
     def embed_from_trunk(self, t):
-        """Stage 3 and global average pool: ``[B, H/2, W/2, w2] -> e[B, w3]``."""
-        return jnp.mean(self.stage3(t), axis=(1, 2))
+        """Stage 3 and global average pool: ``[B, H/2, W/2, w2] -> e[B, w3]``.
+
+        The pool sums in float32 and returns float32 whatever the compute dtype, so the heads
+        after it run in float32 (logits stay float32 under ``--dtype bfloat16``); in float32 the
+        program is unchanged."""
+        return jnp.mean(self.stage3(t), axis=(1, 2), dtype=jnp.float32)
 
 
 class ConceptBottleneck(nnx.Module):

@@ -1,9 +1,9 @@
-"""The empirical robustness protocol of SPEC §3: agreement set, paired subsets, table rows.
+"""The empirical robustness protocol of SPEC §3: paired subsets and table rows.
 
 Pipeline (the caller runs the models; this module only indexes and reduces):
 
-1. `agreement_set(pred_std, pred_cbm)` on the clean pool: inputs where both models predict the
-   same class; that class is the reference label.
+1. The agreement set of the clean pool (`cbcert.runs.pool.agreement_pool`): inputs where
+   ``f_std`` and ``f_cbm`` predict the same class; that class is the reference label.
 2. `draw_subsets(M, num_subsets=k, subset_size=n, seed=...)`: k subsets of n positions into the
    agreement set, without replacement within a subset (subsets may overlap).
 3. The caller perturbs the agreement-set inputs at each budget and evaluates every model on the
@@ -15,7 +15,7 @@ Pipeline (the caller runs the models; this module only indexes and reduces):
    and DFS; paired t-tests of PFR differences; Holm–Bonferroni across every test of the table.
 
 Seeds: subsets come from ``numpy.random.default_rng(seed)``. The caller derives ``seed`` from
-the run's root seed and a stream tag, e.g. ``seed=(cli_seed, SUBSET_STREAM)`` (numpy accepts a
+the run's root seed and a stream tag, e.g. ``seed=(cli_seed, Stream.SUBSETS)`` (numpy accepts a
 sequence of non-negative ints as entropy), so the subsets never share randomness with the
 generator's latent pool or the perturbation noise.
 """
@@ -38,48 +38,6 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     array = np.array(array, copy=True)
     array.setflags(write=False)
     return array
-
-
-@dataclass(frozen=True, eq=False)
-class AgreementSet:
-    """Inputs of the pool on which ``f_std`` and ``f_cbm`` agree on the clean image.
-
-    Attributes:
-      indices: [M] int64, increasing pool indices of the agreeing inputs.
-      labels: [M] int64, the shared prediction, used as the reference label.
-      pool_size: N, size of the pool the indices point into.
-    """
-
-    indices: np.ndarray
-    labels: np.ndarray
-    pool_size: int
-
-    @property
-    def size(self) -> int:
-        return int(self.indices.shape[0])
-
-
-def agreement_set(pred_std: np.ndarray, pred_cbm: np.ndarray) -> AgreementSet:
-    """``S_agree = {i : f_std(x_i) = f_cbm(x_i)}`` over a pool of clean images (SPEC §3).
-
-    Args:
-      pred_std: [N] int, predicted class of the standard classifier on each clean image.
-      pred_cbm: [N] int, predicted class of the concept bottleneck model.
-    """
-    pred_std = np.asarray(pred_std)
-    pred_cbm = np.asarray(pred_cbm)
-    if pred_std.ndim != 1 or pred_std.shape != pred_cbm.shape:
-        raise ValueError(
-            f"pred_std and pred_cbm must both have shape [N], got {pred_std.shape} and "
-            f"{pred_cbm.shape}"
-        )
-    for name, pred in (("pred_std", pred_std), ("pred_cbm", pred_cbm)):
-        if not np.issubdtype(pred.dtype, np.integer):
-            raise ValueError(f"{name}: expected integer class labels, got dtype {pred.dtype}")
-    indices = np.flatnonzero(pred_std == pred_cbm).astype(np.int64)  # [M]
-    return AgreementSet(
-        _frozen(indices), _frozen(pred_std[indices].astype(np.int64)), int(pred_std.shape[0])
-    )
 
 
 def draw_subsets(
@@ -117,45 +75,6 @@ def draw_subsets(
         for _ in range(num_subsets)
     ]
     return _frozen(np.stack(subsets).astype(np.int64))
-
-
-@dataclass(frozen=True, eq=False)
-class ProtocolPlan:
-    """The agreement set and the subsets every model and budget is evaluated on.
-
-    Attributes:
-      agreement: the agreement set of the clean pool.
-      subsets: [k, n] int64 positions into ``agreement.indices``.
-    """
-
-    agreement: AgreementSet
-    subsets: np.ndarray
-
-    @property
-    def pool_subsets(self) -> np.ndarray:
-        """[k, n] int64 pool indices of the subset members."""
-        return self.agreement.indices[self.subsets]
-
-    @property
-    def labels(self) -> np.ndarray:
-        """[k, n] int64 reference labels of the subset members."""
-        return self.agreement.labels[self.subsets]
-
-
-def plan_protocol(
-    pred_std: np.ndarray,
-    pred_cbm: np.ndarray,
-    *,
-    num_subsets: int,
-    subset_size: int,
-    seed: int | Sequence[int],
-) -> ProtocolPlan:
-    """`agreement_set` followed by `draw_subsets` over it (SPEC §3 defaults: k=5, n=200)."""
-    agreement = agreement_set(pred_std, pred_cbm)
-    subsets = draw_subsets(
-        agreement.size, num_subsets=num_subsets, subset_size=subset_size, seed=seed
-    )
-    return ProtocolPlan(agreement, subsets)
 
 
 @dataclass(frozen=True, eq=False)
@@ -315,7 +234,7 @@ def build_table(
 
     Args:
       measurements: one per budget, arrays in agreement-set order [M] or [M, S].
-      subsets: [k, n] positions into the agreement set (`ProtocolPlan.subsets`).
+      subsets: [k, n] positions into the agreement set (`draw_subsets`).
       comparisons: pairs of model names ``(a, b)`` to test; defaults to PFR_std − PFR_cbm.
 
     Returns:

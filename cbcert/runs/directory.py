@@ -18,6 +18,13 @@ the same way:
   counted twice: exact duplicates (ignoring wall-clock ``seconds``) collapse to one, two
   different records for one key are refused;
 * ``write_json(path, data)`` writes strict JSON (no ``NaN``/``Infinity``) atomically.
+
+In a multi-host job (``cbcert.engine.distributed``) only process 0 touches the directory: it
+checks, locks, pins and reads, and every other process receives the same outcome (the same
+bytes of a records file, the same error) through `on_coordinator` and `read_shared`, so all
+processes continue in lock step; `write_json`, `append_records` and the lock do nothing
+anywhere else. The directory therefore needs to exist only on process 0's host.
+`lock_holder` tells whether a directory's lock is held (``certify sweep --status``).
 """
 
 from __future__ import annotations
@@ -33,7 +40,12 @@ import sys
 import time
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import jax
+
+from cbcert.engine import distributed
+from cbcert.schema import ConfigError, shorten
 
 RUN = "run.json"
 RECORDS = "records.jsonl"
@@ -41,13 +53,17 @@ SUMMARY = "summary.json"
 LOCK = ".lock"
 # Fields that legitimately differ between two computations of the same record.
 WALL_CLOCK_FIELDS = frozenset({"seconds"})
-_SHOWN = 200  # characters of a file line or value quoted in an error message
+# A lock probe (`lock_holder`) holds a directory's lock for microseconds; `hold` retries this
+# often, 20 ms apart, before it calls the directory busy.
+_LOCK_TRIES = 5
+_T = TypeVar("_T")
 
 
-class RunDirError(ValueError):
-    """An output directory that cannot hold this run (``key`` names the setting, ``out``)."""
+class RunDirError(ConfigError):
+    """An output directory that cannot hold this run (the setting ``out``)."""
 
-    key = "out"
+    def __init__(self, message: str):
+        super().__init__(message, key="out")
 
 
 class RunMismatchError(RunDirError):
@@ -62,29 +78,59 @@ class RecordsError(RunDirError):
     """A records file (or ``run.json``) that cannot be trusted: malformed, conflicting, foreign."""
 
 
-def shorten(text: Any, limit: int = _SHOWN) -> str:
-    """``repr``-free, bounded rendering of a value for error messages (never unbounded)."""
-    text = text if isinstance(text, str) else repr(text)
-    return text if len(text) <= limit else f"{text[: limit - 20]}… ({len(text)} characters)"
+def is_writer() -> bool:
+    """Whether this process writes files: always, except off process 0 of a multi-host job."""
+    return distributed.is_coordinator()
 
 
-def value_name(value: float) -> str:
-    """The exact text of a budget or scale in a file or directory name.
+# Errors process 0 hands to the others by name (anything else arrives as a RuntimeError).
+def _shared_errors() -> dict[str, type]:
+    return {cls.__name__: cls for cls in (RunDirError, RunMismatchError, RunLockedError,
+                                          RecordsError)}
 
-    ``format(value, "g")`` (6 significant digits: ``0.1``, ``1e-05``, ``2``) where that reads
-    back as the same number, else ``repr`` (``0.1000001``), so two different values never share
-    a name (σ = 0.1 and 0.1000001 once shared ``latent-sigma0.1``).
+
+def on_coordinator(fn: Callable[[], _T]) -> _T:
+    """``fn()`` on process 0 only; its JSON-able result, or its error, on every process.
+
+    Outside a multi-host job this is ``fn()``. In one, process 0 runs ``fn`` and broadcasts
+    the outcome; the others raise the same error (`RunDirError` family by class, another
+    `ConfigError` with its key, anything else as RuntimeError) or return the same result.
     """
-    short = format(value, "g")
-    return short if float(short) == value else repr(float(value))
+    if not distributed.is_initialized():
+        return fn()
+    if not is_writer():
+        outcome = json.loads(distributed.broadcast_bytes(None).decode("utf-8"))
+        if "result" in outcome:
+            return outcome["result"]
+        cls = _shared_errors().get(outcome["error"])
+        if cls is not None:
+            raise cls(outcome["message"])
+        if outcome["error"] == "ConfigError":
+            raise ConfigError(outcome["message"], key=outcome["key"], detail=outcome["detail"])
+        raise RuntimeError(f"process 0: {outcome['message']}")
+    try:
+        result = fn()
+    except Exception as err:
+        kind = type(err).__name__ if type(err).__name__ in _shared_errors() else (
+            "ConfigError" if isinstance(err, ConfigError) else type(err).__name__)
+        outcome = {"error": kind, "message": str(err), "key": getattr(err, "key", None),
+                   "detail": getattr(err, "detail", None)}
+        distributed.broadcast_bytes(json.dumps(outcome).encode("utf-8"))
+        raise
+    distributed.broadcast_bytes(json.dumps({"result": result}).encode("utf-8"))
+    return result
 
 
 def check_writable(out: Path) -> None:
     """Raise `RunDirError` unless ``out`` is (or can be created as) a writable directory.
 
     Checked before any work: ``out`` under a file, a read-only parent or a read-only ``out``.
+    In a multi-host job process 0 checks (its host holds the files); all raise alike.
     """
-    out = Path(out)
+    on_coordinator(lambda: _check_writable(Path(out)))
+
+
+def _check_writable(out: Path) -> None:
     probe = out
     while not probe.exists():
         if probe.parent == probe:
@@ -107,20 +153,40 @@ def _holder() -> dict[str, Any]:
 def hold(out: Path, name: str = LOCK) -> Iterator[Path]:
     """Exclusive lock on ``out/name`` for the duration of the block (creates ``out``).
 
+    In a multi-host job process 0 takes the lock and the others share its outcome.
+
     Raises:
       RunLockedError: another process holds it; the message names that process.
       RunDirError: ``out`` cannot be created or written.
     """
-    out = Path(out)
-    check_writable(out)
+    with contextlib.ExitStack() as stack:
+        on_coordinator(lambda: stack.enter_context(_locked(Path(out), name)) and None)
+        yield Path(out)
+
+
+def _flock(handle) -> OSError | None:
+    """Try the exclusive lock a few times (a `lock_holder` probe may hold it briefly)."""
+    for attempt in range(_LOCK_TRIES):
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES) or attempt == _LOCK_TRIES - 1:
+                return err
+            time.sleep(0.02)
+    return None
+
+
+@contextlib.contextmanager
+def _locked(out: Path, name: str) -> Iterator[Path]:
+    _check_writable(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / name
     handle = open(path, "a+")  # noqa: SIM115 - held open for the whole block
     locked = False
     try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
+        err = _flock(handle)
+        if err is not None:
             if err.errno not in (errno.EAGAIN, errno.EACCES):
                 raise RunDirError(f"{path}: cannot lock ({err.strerror})") from None
             handle.seek(0)
@@ -143,6 +209,35 @@ def hold(out: Path, name: str = LOCK) -> Iterator[Path]:
         handle.close()  # releases the lock
 
 
+def lock_holder(out: Path, name: str = LOCK) -> dict[str, Any] | None:
+    """Who holds ``out/name`` (the holder's pid, host, command, start), or None if nobody.
+
+    Probes with a shared, non-blocking ``flock`` released at once (works wherever `hold`
+    does, NFS included); a lock file left by a killed run is not held and gives None.
+    """
+    path = Path(out) / name
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):
+                return None
+            text = os.read(fd, 4096).decode("utf-8", "replace").strip()
+            try:
+                holder = json.loads(text)
+            except json.JSONDecodeError:
+                holder = None
+            return holder if isinstance(holder, dict) else {"holder": text or "unknown"}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_json(path: Path) -> Any:
     """A JSON file; `RecordsError` naming the file if it cannot be read or parsed."""
     try:
@@ -155,12 +250,59 @@ def read_json(path: Path) -> Any:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as strict, indented JSON (NaN/inf refused), atomically via a rename."""
+    """Write ``data`` as strict, indented JSON (NaN/inf refused), atomically via a rename.
+
+    Does nothing off process 0 of a multi-host job.
+    """
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    if not is_writer():
+        return
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text)
     os.replace(partial, path)
+
+
+def write_json_once(path: Path, data: Any) -> bool:
+    """Write ``data`` as strict JSON unless ``path`` exists; True if this call wrote it.
+
+    Exclusive: the text goes to a file of this process's own and is hard-linked into place
+    (atomic, and refused when the name exists, on NFS too), so of several processes racing —
+    sweep shards starting together — exactly one writes and the others read its file.
+    Does nothing (False) off process 0 of a multi-host job.
+    """
+    path = Path(path)
+    if not is_writer() or path.exists():
+        return False
+    partial = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    try:
+        os.link(partial, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+class _NoSink:
+    """The records sink of every process but process 0 of a multi-host job: writes nothing."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def append_records(path: Path) -> Iterator[Any]:
+    """A text sink appending to ``path`` (process 0), or one that writes nothing (the others)."""
+    if not is_writer():
+        yield _NoSink()
+        return
+    with Path(path).open("a") as sink:
+        yield sink
 
 
 def json_line(record: dict) -> str:
@@ -179,8 +321,13 @@ def open_run(out: Path, meta: dict[str, Any], extra: dict[str, Any] | None = Non
 
     A run directory holds one run: if ``run.json`` exists, its ``meta`` keys must equal
     ``meta`` (compared after a JSON round trip, so tuples equal the lists read back), else
-    `RunMismatchError`. ``extra`` (versions, devices) is written but not compared.
+    `RunMismatchError`. ``extra`` (versions, devices) is written but not compared. In a
+    multi-host job process 0 does this and the others share its outcome.
     """
+    on_coordinator(lambda: _open_run(Path(out), meta, extra))
+
+
+def _open_run(out: Path, meta: dict[str, Any], extra: dict[str, Any] | None) -> None:
     meta = json.loads(json.dumps(meta))
     run_file = Path(out) / RUN
     if run_file.exists():
@@ -194,6 +341,30 @@ def open_run(out: Path, meta: dict[str, Any], extra: dict[str, Any] | None = Non
         return
     Path(out).mkdir(parents=True, exist_ok=True)
     write_json(run_file, {**meta, **(extra or {})})
+
+
+def open_run_dir(out: Path, meta: dict[str, Any]) -> None:
+    """``runs.directory.open_run`` with the versions and devices (see `run_info`)."""
+    open_run(out, meta, run_info())
+
+
+def run_info() -> dict[str, Any]:
+    """What ``run.json`` records besides the settings: versions and devices."""
+    import cbcert
+
+    return {"versions": {"cbcert": cbcert.__version__, "jax": jax.__version__},
+            "devices": [str(d) for d in jax.devices()]}
+
+
+def check_types(record: dict, types: dict[str, tuple]) -> None:
+    """Raise ValueError naming the first field of ``record`` whose JSON type is not allowed."""
+    for name, allowed in types.items():
+        value = record[name]
+        ok = (value is None and None in allowed) or (
+            value is not None and not (isinstance(value, bool) and bool not in allowed)
+            and isinstance(value, tuple(t for t in allowed if t is not None)))
+        if not ok:
+            raise ValueError(f"field {name!r} = {value!r} has the wrong type")
 
 
 def _untimed(record: dict) -> dict:
@@ -211,16 +382,16 @@ def read_records(path: Path, key: Callable[[dict], Hashable],
       check: raises ValueError (or KeyError) for a record that does not belong to this run.
       repair: drop a torn last line from the file itself (only while holding the run's lock).
 
+    In a multi-host job process 0 reads the file and every process parses the same bytes
+    (`read_shared`), so all agree on the records or all raise the same error.
+
     Raises:
       RecordsError: naming the file and line of a malformed, foreign or conflicting record.
     """
     path = Path(path)
-    if not path.exists():
+    complete = read_shared(path, repair=repair)
+    if complete is None:
         return []
-    raw = path.read_bytes()
-    complete = raw[: raw.rfind(b"\n") + 1]
-    if repair and len(complete) != len(raw):
-        path.write_bytes(complete)
     records: dict[Hashable, tuple[int, dict]] = {}
     for number, line in enumerate(complete.split(b"\n"), start=1):
         if not line.strip():
@@ -253,6 +424,40 @@ def read_records(path: Path, key: Callable[[dict], Hashable],
     return [record for _, record in records.values()]
 
 
+def read_shared(path: Path, *, repair: bool = False) -> bytes | None:
+    """The complete lines of a JSONL file as process 0 reads them, on every process.
+
+    None if the file does not exist. A torn last line (a crash mid-write) is left out, and
+    with ``repair`` cut from the file too (process 0, holding the run's lock).
+    """
+    path = Path(path)
+
+    def read() -> bytes | None:
+        if not path.exists():
+            return None
+        try:
+            raw = path.read_bytes()
+        except OSError as err:
+            raise RecordsError(f"{path}: cannot read it ({err.strerror})") from None
+        complete = raw[: raw.rfind(b"\n") + 1]
+        if repair and len(complete) != len(raw):
+            path.write_bytes(complete)
+        return complete
+
+    if not distributed.is_initialized():
+        return read()
+    data = None
+
+    def probe() -> bool:
+        nonlocal data
+        data = read()
+        return data is not None
+
+    if not on_coordinator(probe):
+        return None
+    return distributed.broadcast_bytes(data)
+
+
 def check_field(record: dict, field: str, allowed, what: str) -> None:
     """Raise ValueError unless ``record[field]`` is in ``allowed`` (a set or other container)."""
     value = record[field]
@@ -266,6 +471,7 @@ def check_field(record: dict, field: str, allowed, what: str) -> None:
 
 __all__ = [
     "LOCK", "RECORDS", "RUN", "SUMMARY", "RecordsError", "RunDirError", "RunLockedError",
-    "RunMismatchError", "check_field", "check_writable", "finite_or_none", "hold", "json_line",
-    "open_run", "read_json", "read_records", "shorten", "value_name", "write_json",
+    "RunMismatchError", "append_records", "check_field", "check_writable", "finite_or_none",
+    "hold", "is_writer", "json_line", "lock_holder", "on_coordinator", "open_run", "read_json",
+    "read_records", "read_shared", "write_json", "write_json_once",
 ]

@@ -1,0 +1,129 @@
+"""The smoothing noises and their certificates: THE table pairing each noise with its radius.
+
+Randomized smoothing (SPEC §4) comes in three kinds, each a noise the engine samples and the
+certificate that turns probability bounds into radii under that noise:
+
+========== ========= ======= ============================================ ====================
+kind       space     scale   engine noise                                 certificate
+========== ========= ======= ============================================ ====================
+gaussian   latent    σ       ``z + σ N(0, I)``                            L2, Cohen et al.
+bernoulli  concept   ρ       flip each concept with probability ρ          Hamming, Lee et al.
+fixed      concept   m       flip exactly m uniformly chosen concepts     Hamming (radius 0)
+========== ========= ======= ============================================ ====================
+
+Everything that depends on the kind -- which noise to sample, the scale's name and allowed
+range (checked here, once, against `cbcert.schema.RULES`), the radius rule, the certified
+scale, the radius grid of the reports, file names -- is a field or method of its `Smoothing`
+entry, so no other module dispatches on the kind's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cbcert.certify.hamming import BernoulliHammingRadius, FixedFlipHammingRadius
+from cbcert.certify.l2 import L2Radius
+from cbcert.engine.noise import BernoulliFlips, FixedFlips, Gaussian
+from cbcert.schema import ConfigError, validate, value_name
+
+
+@dataclass(frozen=True)
+class Smoothing:
+    """One kind of smoothing noise and its certificate.
+
+    Attributes:
+      kind: ``gaussian``, ``bernoulli`` or ``fixed``.
+      space: ``latent`` (noise on z) or ``concept`` (noise on c = E(g1(z))).
+      key: the scale's setting (``sigma``, ``rho``, ``flips``); also its range rule.
+      symbol: σ, ρ or m (tables, titles).
+      hamming: radii are Hamming distances between concept states (else L2 in latent space).
+      prefix: run-directory name before the scale, e.g. ``latent-sigma``.
+    """
+
+    kind: str
+    space: str
+    key: str
+    symbol: str
+    hamming: bool
+    prefix: str
+    _noise: Callable[[int], Any]
+    _rule: str
+
+    def check(self, scale: Any, num_concepts: int | None = None) -> None:
+        """Raise `ConfigError` (key = `key`) unless ``scale`` is allowed; ``m ≤ K`` when known."""
+        validate(self._rule, scale, key=self.key)
+        if self.kind == "fixed" and num_concepts is not None and scale > num_concepts:
+            detail = f"got {scale}, allowed range [1, K={num_concepts}] (the world's concepts)"
+            raise ConfigError(f"key '{self.key}': {detail}", key=self.key, value=scale,
+                              allowed=f"[1, {num_concepts}]", detail=detail)
+
+    def noise(self, num_concepts: int):
+        """The engine noise model (``cbcert.engine.noise``) of this kind."""
+        return self._noise(num_concepts)
+
+    def certified_scale(self, scale: float, num_concepts: int) -> float:
+        """The scale a certificate may use: ``min(typed, drawn)`` (SPEC §4).
+
+        The engine samples with the float32 scale (``noise.drawn``): σ rounded to float32, ρ to
+        the 2⁻²³ grid of float32 uniforms. The Gaussian radius grows with σ and the Bernoulli
+        Hamming radius with ρ ∈ (0, ½), so certifying with the smaller of the typed and the
+        drawn value never claims more than holds for the noise drawn, nor for the one typed.
+        """
+        return min(float(scale), self.noise(num_concepts).drawn(scale))
+
+    def radius_rule(self, scale: float, num_concepts: int):
+        """The radius rule (``rule.radius(p_lower, p_upper)``) at the certified scale."""
+        if self.kind == "fixed":
+            return FixedFlipHammingRadius(int(scale), num_concepts)
+        certified = self.certified_scale(scale, num_concepts)
+        if self.hamming:
+            return BernoulliHammingRadius(certified, num_concepts)
+        return L2Radius(certified)
+
+    def radius_grid(self, scale: float, num_concepts: int) -> np.ndarray:
+        """Radii at which certified accuracy is reported: σ/4 steps to 4σ, or 0…K (Hamming)."""
+        if self.hamming:
+            return np.arange(num_concepts + 1, dtype=np.float64)
+        return np.round(np.arange(0, 17) * scale / 4, 10)
+
+    def name(self, scale: float) -> str:
+        """Run-directory name at ``scale``: ``latent-sigma0.1``, ``concept-flips2``."""
+        return f"{self.prefix}{value_name(scale)}"
+
+
+SMOOTHINGS: dict[str, Smoothing] = {
+    s.kind: s
+    for s in (
+        Smoothing("gaussian", "latent", "sigma", "σ", False, "latent-sigma",
+                  lambda k: Gaussian(), "sigma"),
+        Smoothing("bernoulli", "concept", "rho", "ρ", True, "concept-rho",
+                  BernoulliFlips, "rho"),
+        Smoothing("fixed", "concept", "flips", "m", True, "concept-flips",
+                  FixedFlips, "count"),
+    )
+}
+KINDS = tuple(SMOOTHINGS)
+# The noise a smoothed classifier of each space uses in attacks (and the API's default).
+SPACE_NOISE = {"latent": "gaussian", "concept": "bernoulli"}
+
+
+def smoothing(kind: str) -> Smoothing:
+    """The `Smoothing` of ``kind``; `ConfigError` (key ``noise``) naming the kinds otherwise."""
+    try:
+        return SMOOTHINGS[kind]
+    except (KeyError, TypeError):
+        raise ConfigError(f"key 'noise': got {kind!r}, allowed: {', '.join(KINDS)}",
+                          key="noise", value=kind, allowed=", ".join(KINDS)) from None
+
+
+def of_space(space: str) -> Smoothing:
+    """The smoothing used for a space's smoothed classifier: Gaussian (latent), Bernoulli."""
+    try:
+        return SMOOTHINGS[SPACE_NOISE[space]]
+    except (KeyError, TypeError):
+        raise ConfigError(f"key 'space': got {space!r}, allowed: latent, concept", key="space",
+                          value=space, allowed="latent, concept") from None

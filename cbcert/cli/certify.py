@@ -1,0 +1,196 @@
+"""``certify latent``, ``certify concept``, ``certify predict``: randomized-smoothing runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from cbcert.certify.smoothing import smoothing
+from cbcert.cli import common
+from cbcert.cli.distributed import distributed_options
+from cbcert.cli.progress import bar
+from cbcert.runs.certify import CertifyJob
+
+SCHEDULE_KEYS = ("schedule", "target_radius", "radius_tolerance", "first_checkpoint",
+                 "checkpoint_ratio", "final_alpha_share")
+
+
+def _default(name: str):
+    return common.default_of(CertifyJob, name)
+
+
+def certify_options(fn):
+    """The options every certification command shares (defaults from `CertifyJob`)."""
+    options = [
+        click.option("--n", "n", type=int, default=_default("n"), show_default=True,
+                     help="Estimation samples per input (Cohen et al.'s n)."),
+        click.option("--n0", type=int, default=_default("n0"), show_default=True,
+                     help="Selection samples per input (Cohen et al.'s n0)."),
+        click.option("--alpha", type=float, default=_default("alpha"), show_default=True,
+                     help="Probability that a certificate is wrong."),
+        click.option("--inputs", type=int, default=_default("num_inputs"), show_default=True,
+                     help="Inputs certified, from the std/cbm agreement set of the pool."),
+        click.option("--batch", type=int, default=_default("batch"), show_default=True,
+                     help="Inputs per engine call (unit of progress and resumption)."),
+        click.option("--models", default=",".join(_default("models")), show_default=True,
+                     help="Comma-separated models: std, cbm, cbmh (PCBM-h), proto."),
+        click.option("--two-class", is_flag=True,
+                     help="Two-class bound with the runner-up (α split between the bounds)."),
+        click.option("--schedule", type=click.Choice(["fixed", "sequential"]),
+                     default=_default("schedule"), show_default=True,
+                     help="fixed: --n estimation samples per input (Cohen's CERTIFY); "
+                          "sequential: anytime-valid checkpoints up to --n, each input stops "
+                          "once decided."),
+        click.option("--target-radius", type=float, default=None,
+                     help="Sequential: stop an input once certified at this radius, or once "
+                          "it is out of reach."),
+        click.option("--radius-tolerance", type=float, default=None,
+                     help="Sequential: stop an input once at most this much radius could "
+                          "still be gained."),
+        click.option("--first-checkpoint", type=int, default=None,
+                     help="Sequential: first checkpoint [default: 32]; the next ones grow by "
+                          "--checkpoint-ratio up to --n."),
+        click.option("--checkpoint-ratio", type=float, default=None,
+                     help="Sequential: growth factor of the checkpoints [default: 2]."),
+        click.option("--final-alpha-share", type=float, default=None,
+                     help="Sequential: share of --alpha spent at the last checkpoint --n "
+                          "[default: 0.5]; the rest is split evenly over the earlier ones."),
+        click.option("--dtype", type=click.Choice(["float32", "bfloat16"]),
+                     default=_default("dtype"), show_default=True,
+                     help="Compute dtype of generator and classifiers."),
+        common.world_option(),
+        click.option("--seed", type=int, default=_default("seed"), show_default=True,
+                     help="Root seed of the pool and of all noise."),
+        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     help="Output directory (default results/<command>-<scale>-seed<seed>); "
+                          "rerunning with the same --out resumes."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return distributed_options(common.memory_options(fn))
+
+
+def run_certification(noise: str, scale, mode: str, opts: dict) -> dict:
+    """Build the job (every value checked), load the world, run, print the table."""
+    from cbcert.runs.certify import run
+
+    kind = smoothing(noise)
+    with common.bad_input():
+        job = CertifyJob(noise=noise, scale=scale, mode=mode, n0=opts["n0"], n=opts["n"],
+                         alpha=opts["alpha"], two_class=opts["two_class"],
+                         models=common.names(opts["models"]), seed=opts["seed"],
+                         num_inputs=opts["inputs"], batch=opts["batch"], dtype=opts["dtype"],
+                         **{key: opts[key] for key in SCHEDULE_KEYS})
+    common.check_memory(opts["chunk_size"], opts["max_memory"])
+    prefix = "predict-" if mode == "predict" else ""
+    name = f"{prefix}{kind.name(scale)}"
+    out = common.writable_out(opts["out"] or Path("results") / f"{name}-seed{job.seed}")
+    world = common.load_agreement_world(opts["world_name"], job.models,
+                                        concepts=kind.space == "concept")
+    with common.bad_input():
+        kind.check(scale, world.generator.num_concepts)
+        with bar(f"{mode} {name}", opts["quiet"]) as progress:
+            summary = run(world, job, out, progress=progress, chunk_size=opts["chunk_size"],
+                          max_memory=opts["max_memory"], preflight=True)
+    if not opts["quiet"]:
+        print_summary(summary, job, world, out)
+    return summary
+
+
+def print_summary(summary: dict, job: CertifyJob, world, out: Path) -> None:
+    hamming = job.hamming
+    unit = "Hamming" if hamming else "L2"
+    title = (f"{job.mode} on {world.name}: {job.smoothing.symbol} = {job.scale:g}, "
+             f"n0 = {job.n0}, n {'≤' if job.schedule == 'sequential' else '='} {job.n}, "
+             f"α = {job.alpha:g}, {job.num_inputs} inputs")
+    table = Table(title=title)
+    table.add_column("model")
+    table.add_column("SmAcc", justify="right")
+    if job.mode == "certify":
+        table.add_column("ACR-H" if hamming else "ACR", justify="right")
+        marks = [1.0, 2.0] if hamming else [job.scale / 2, job.scale]
+        for r in marks:
+            table.add_column(f"CA@{r:g}", justify="right")
+    table.add_column("abstain", justify="right")
+    sequential = job.schedule == "sequential"
+    if sequential:
+        table.add_column("samples/input", justify="right")
+    table.add_column("time/input", justify="right")
+    for model, m in summary["models"].items():
+        row = [model, f"{100 * m['smoothed_accuracy']:.1f}%"]
+        if job.mode == "certify":
+            row.append(f"{m['acr']:.3f}")
+            grid = m["radius_grid"]
+            for r in marks:
+                hits = [ca for g, ca in zip(grid, m["certified_accuracy"], strict=True)
+                        if abs(g - r) < 1e-9]
+                row.append(f"{100 * hits[0]:.1f}%" if hits else "-")
+        row.append(f"{100 * m['abstain_rate']:.1f}%")
+        if sequential:
+            row.append(f"{m['samples_per_input']:.0f}")
+        row.append(f"{m['seconds_per_input']:.3f}s")
+        table.add_row(*row)
+    common.console.print(table)
+    if sequential:
+        drawn = summary["samples"]
+        common.console.print(f"sequential: {drawn['per_input']:.0f} samples drawn per input "
+                             f"(fixed schedule: {drawn['fixed_schedule_per_input']}), "
+                             f"{drawn['total']} in all")
+    common.console.print(f"{unit} radii; records and summary in {out}/")
+
+
+@click.command()
+@click.option("--sigma", type=float, required=True,
+              help="Std of the Gaussian latent noise, in [1e-30, 1e30].")
+@certify_options
+def latent(sigma: float, **opts) -> None:
+    """Gaussian latent smoothing: certified L2 radii in the generator's latent space.
+
+    Example: certify latent --sigma 0.1
+    """
+    run_certification("gaussian", sigma, "certify", opts)
+
+
+def _concept_noise(rho: float | None, flips: int | None) -> tuple[str, float | int]:
+    if (rho is None) == (flips is None):
+        raise click.UsageError("give exactly one of --rho (Bernoulli flips) or --flips "
+                               "(fixed-count flips)")
+    return ("bernoulli", rho) if rho is not None else ("fixed", flips)
+
+
+@click.command()
+@click.option("--rho", type=float, default=None,
+              help="Flip probability of each concept, in (0, 0.5).")
+@click.option("--flips", type=int, default=None,
+              help="Fixed-count smoothing: flip exactly this many uniformly chosen concepts.")
+@certify_options
+def concept(rho: float | None, flips: int | None, **opts) -> None:
+    """Concept-flip smoothing: certified Hamming radii in the explicit concept space.
+
+    Example: certify concept --rho 0.2
+    """
+    run_certification(*_concept_noise(rho, flips), "certify", opts)
+
+
+@click.command()
+@click.option("--space", type=click.Choice(["latent", "concept"]), default="latent",
+              show_default=True)
+@click.option("--sigma", type=float, default=None, help="Latent noise std (space latent).")
+@click.option("--rho", type=float, default=None, help="Concept flip probability (space concept).")
+@click.option("--flips", type=int, default=None, help="Fixed-count concept flips (space concept).")
+@certify_options
+def predict(space: str, sigma, rho, flips, **opts) -> None:
+    """Smoothed prediction alone (Cohen et al. PREDICT, abstains when not significant)."""
+    if space == "latent":
+        if sigma is None:
+            raise click.UsageError("--space latent needs --sigma")
+        noise, scale = "gaussian", sigma
+    else:
+        noise, scale = _concept_noise(rho, flips)
+    run_certification(noise, scale, "predict", opts)
+
+
+COMMANDS = (latent, concept, predict)

@@ -1,0 +1,144 @@
+"""What every command shares: consoles, the key → flag mapping, option factories, world loading.
+
+Library code raises `cbcert.schema.ConfigError` carrying the setting's ``key``; `bad_input`
+turns it into click's exit-2 error naming the command's flag for that key. Option defaults come
+from the job dataclasses of `cbcert.runs` (`default_of`), so a flag and the library cannot
+disagree on a default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from cbcert.runs.directory import check_writable
+from cbcert.schema import ConfigError, validate
+
+# Off a terminal rich would wrap tables at 80 columns; logs and pipes get wide tables.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True)
+
+# Library keys whose flag is not ``--`` + the key with dashes (per command where they differ).
+FLAGS = {"num_inputs": "--inputs", "num_subsets": "--subsets", "world": "--world",
+         "out": "--out", "chunk_size": "--chunk-size", "max_memory": "--max-memory"}
+
+
+def flag_of(key: str | None, flags: Mapping[str, str] | None = None) -> str | None:
+    """The flag of a library ``key``: ``flags`` (the command's), then `FLAGS`, then ``--key``."""
+    if key is None:
+        return None
+    return {**FLAGS, **(flags or {})}.get(key, "--" + key.replace("_", "-"))
+
+
+@contextlib.contextmanager
+def bad_input(flags: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Turn a `ConfigError` from the library into exit 2 naming the flag of its key."""
+    try:
+        yield
+    except ConfigError as err:
+        raise click.BadParameter(err.detail, param_hint=flag_of(err.key, flags)) from None
+
+
+def check(rule: str, value: Any, flag: str) -> None:
+    """Check a flag's value against a `cbcert.schema.RULES` rule (exit 2 naming ``flag``)."""
+    with bad_input({"value": flag}):
+        validate(rule, value, key="value", label=flag)
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The default of field ``name`` of the dataclass ``cls`` (the one source of defaults)."""
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory()
+
+
+def names(value: str) -> tuple[str, ...]:
+    """Comma-separated names (``--models std,cbm``) as a tuple, blanks dropped."""
+    return tuple(m.strip() for m in value.split(",") if m.strip())
+
+
+def budgets(value: str, flag: str, parse: Callable[[str], Any]) -> tuple:
+    """Comma-separated budgets (empty: none of this kind); ranges are checked by the job."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    try:
+        return tuple(parse(item) for item in items)
+    except ValueError:
+        kind = "integers" if parse is int else "numbers"
+        raise click.BadParameter(f"expected comma-separated {kind}, got {value!r}",
+                                 param_hint=flag) from None
+
+
+def writable_out(out: Path) -> Path:
+    """``--out`` checked before any work: not under a file, writable."""
+    with bad_input():
+        check_writable(out)
+    return out
+
+
+def load_world(name: str):
+    """A world directory (``world.json``) if ``name`` is an existing directory, else a preset.
+
+    Missing, damaged or mismatched weights and manifests are bad input: exit 2 naming --world.
+    """
+    from cbcert.worlds.builtin import load_builtin
+
+    try:
+        if Path(name).is_dir():
+            from cbcert.worlds.directory import load_world_dir
+
+            return load_world_dir(name)
+        return load_builtin(name)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--world") from None
+
+
+def load_agreement_world(name: str, models: tuple[str, ...], *, concepts: bool = False):
+    """A world for a command on the std/cbm agreement set, checked against ``--models``.
+
+    ``concepts``: the command perturbs concepts, so the world needs a concept bottleneck.
+    """
+    world = load_world(name)
+    with bad_input():
+        world.check_models(models)
+    if "std" not in world.model_names or "cbm" not in world.model_names:
+        raise click.BadParameter("the agreement set needs a world with 'std' and 'cbm' models",
+                                 param_hint="--world")
+    if concepts and world.generator.num_concepts == 0:
+        raise click.BadParameter(f"{world.name} has no concept bottleneck (no CB-AE): "
+                                 "concept-space commands are unavailable", param_hint="--world")
+    return world
+
+
+def memory_options(fn):
+    """``--chunk-size`` and ``--max-memory``: every generator/classifier call stays within them."""
+    options = [
+        click.option("--chunk-size", type=int, default=None,
+                     help="Samples per device step (default: from --max-memory)."),
+        click.option("--max-memory", type=int, default=None,
+                     help="Bytes per device a chunk may use (default: a quarter of the device "
+                          "memory; 8 MiB on CPU)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def check_memory(chunk_size: int | None, max_memory: int | None) -> None:
+    if chunk_size is not None:
+        check("count", chunk_size, "--chunk-size")
+    if max_memory is not None:
+        check("count", max_memory, "--max-memory")
+
+
+def world_option(help_text: str = "Built-in world preset (default, k8, k16, px64, similar5, …) "
+                 "or a world directory with a world.json."):
+    return click.option("--world", "world_name", default="default", show_default=True,
+                        help=help_text)

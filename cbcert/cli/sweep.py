@@ -1,0 +1,150 @@
+"""``certify sweep`` (a whole experiment from one config) and ``certify report``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from cbcert.cli import common
+from cbcert.cli.distributed import distributed_options
+from cbcert.cli.progress import bars
+from cbcert.runs.directory import RunDirError
+from cbcert.schema import ConfigError
+
+
+def _sweep_world(preset: str):
+    from cbcert.worlds.builtin import load_builtin
+
+    try:
+        return load_builtin(preset)
+    except ValueError as err:
+        raise click.BadParameter(f"section 'world', key 'preset': {err}",
+                                 param_hint="CONFIG") from None
+
+
+@click.command("sweep")
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Sweep directory (default results/<config file name>); rerunning resumes.")
+@click.option("--world", "world_name", default=None,
+              help="Run the config on this world instead of its world.preset: a built-in preset "
+                   "or a world directory with a world.json.")
+@click.option("--shard", metavar="I/N", default=None,
+              help="Run only shard I of N (0 <= I < N): cells dealt evenly by estimated cost, "
+                   "the same on every machine; shards may run at once into one --out.")
+@click.option("--status", is_flag=True,
+              help="Run nothing: list every cell as done, running (and where) or missing.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars and no per-cell lines.")
+@distributed_options
+def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard: str | None,
+              status: bool, quiet: bool) -> None:
+    """Run every cell of an experiment config into OUT/<cell>/ and write OUT/manifest.json.
+
+    Cells: one certification per σ (latent) and per ρ and fixed flip count m (concept), one
+    perturb run with all budgets, one attack run. Only the sections the file names are swept
+    (all four if it names none). Interrupted sweeps resume when rerun with the same --out.
+
+    Example: certify sweep configs/reference.yaml --out results/reference
+    (add --world <dir> to run the same cells on a world from real parts; --shard I/N on each
+    of N machines sharing the directory; --status to see where a sweep stands).
+    """
+    from cbcert.runs import sweep
+    from cbcert.runs.config import load_config
+    from cbcert.runs.pool import PoolTooSmallError
+
+    try:
+        config = load_config(config_path)
+        sections = sweep.sections_in_file(config_path)
+        cells = sweep.plan_cells(config, sections)
+    except ConfigError as err:
+        raise click.BadParameter(str(err), param_hint="CONFIG") from None
+    part = _shard(shard, sweep)
+    out = out or Path("results") / config_path.stem
+    if status:
+        _print_status(sweep, out, cells, part)
+        return
+    out = common.writable_out(out)
+
+    def done(cell, summary) -> None:
+        if not quiet:
+            common.console.print(f"{cell.name}: done, records and summary in {out / cell.name}/")
+
+    try:
+        with bars(quiet, unit="units") as progress:
+            load = _sweep_world if world_name is None else (lambda _: common.load_world(world_name))
+            sweep.run_sweep(config, out, sections=sections, load_world=load,
+                            progress=progress, on_cell=done, shard=part)
+    except RunDirError as err:
+        raise click.BadParameter(str(err), param_hint="--out") from None
+    except PoolTooSmallError as err:
+        raise click.BadParameter(f"section 'world', key 'num_inputs': {err}",
+                                 param_hint="CONFIG") from None
+    except ConfigError as err:
+        raise click.BadParameter(f"{config_path}: {err}", param_hint="CONFIG") from None
+    if not quiet and part is not None:
+        mine = len(sweep.shard_cells(cells, *part))
+        common.console.print(f"shard {part[0]}/{part[1]} finished ({mine} of {len(cells)} "
+                             f"cells); certify sweep {config_path} --out {out} --status "
+                             "shows the others")
+    elif not quiet:
+        common.console.print(f"sweep finished; manifest in {out / sweep.MANIFEST}; "
+                             f"tables and figures: certify report {out}")
+
+
+def _shard(value: str | None, sweep) -> tuple[int, int] | None:
+    """``--shard I/N`` as ``(I, N)``; exit 2 naming --shard unless 0 <= I < N."""
+    if value is None:
+        return None
+    index, _, count = value.partition("/")
+    try:
+        part = (int(index), int(count))
+    except ValueError:
+        raise click.BadParameter(f"got {value!r}; expected I/N, e.g. 0/4",
+                                 param_hint="--shard") from None
+    with common.bad_input():
+        sweep.check_shard(*part)
+    return part
+
+
+def _print_status(sweep, out: Path, cells, part: tuple[int, int] | None) -> None:
+    """The table of `sweep.sweep_status` (one shard's cells with --shard)."""
+    from rich.table import Table
+
+    states = sweep.sweep_status(out, cells, part[1] if part else None)
+    if part is not None:
+        states = [s for s in states if s.shard == part[0]]
+    table = Table(title=f"sweep {out}" + (f", shard {part[0]}/{part[1]}" if part else ""))
+    for column in ("cell", "state", *(("shard",) if part else ()), "detail"):
+        table.add_column(column)
+    for s in states:
+        table.add_row(s.name, s.state, *((f"{s.shard}/{part[1]}",) if part else ()), s.detail)
+    common.console.print(table)
+    counts = {state: sum(s.state == state for s in states) for state in ("done", "running",
+                                                                        "missing")}
+    common.console.print(", ".join(f"{n} {state}" for state, n in counts.items()))
+
+
+@click.command("report")
+@click.argument("run_dir", metavar="RUN_DIR",
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--quiet", "-q", is_flag=True, help="No notes and no list of written files.")
+def report_cmd(run_dir: Path, quiet: bool) -> None:
+    """Markdown + CSV tables and PNG figures of a sweep (or one runner's) directory.
+
+    Written to RUN_DIR/report/; figures whose data are absent are skipped with a note.
+
+    Example: certify report results/reference
+    """
+    from cbcert.report import write as report
+
+    try:
+        written = report.write_report(run_dir,
+                                      log=(lambda _: None) if quiet else common.console.print)
+    except report.ReportError as err:
+        raise click.BadParameter(str(err), param_hint="RUN_DIR") from None
+    if not quiet:
+        common.console.print(f"wrote {len(written)} files to {run_dir / report.REPORT_DIR}/")
+
+
+COMMANDS = (sweep_cmd, report_cmd)

@@ -1,0 +1,134 @@
+"""Layers shared by the Flax models."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def conv_patches(x: jax.Array, kernel: jax.Array, stride: int, pad: int,
+                 preferred_element_type=None) -> jax.Array:
+    """NHWC convolution as one matmul over k×k patches (im2col).
+
+    ``x[B, H, W, I] * kernel[kh, kw, I, O] -> [B, H', W', O]`` (cross-correlation, like
+    ``lax.conv_general_dilated``) with symmetric zero padding ``pad`` and stride ``stride``,
+    ``H' = (H + 2·pad − kh) // stride + 1``; identical to ``lax.conv_general_dilated`` up to
+    float rounding. Why: XLA:CPU's native convolution runs at a few GFLOP/s on small feature
+    maps (3–6 GFLOP/s for a 3×3 convolution on 2×2 maps, measured with jax 0.10.2), while the
+    patch matmul runs at matmul speed; on larger maps the two are about as fast in a whole
+    network (ResNet-50 at 224 px, StyleGAN2 at 64 px).
+
+    The patches ``[B, H', W', kh·kw·I]`` (channel order ``(i, j, c)``, as in the HWIO kernel)
+    are gathered in two concatenations, the ``kw`` column shifts then the ``kh`` row shifts of
+    those: the same tensor as one concatenation of the ``kh·kw`` shifts, at about half the XLA
+    compile time. A 1×1 kernel without padding traces to strided slices (none at stride 1) and
+    one ``dot_general``. ``preferred_element_type`` is the matmul's accumulation/output dtype
+    (e.g. float32 for bfloat16 inputs; None: the inputs' dtype).
+    """
+    kh, kw, cin, cout = kernel.shape
+    xp = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0))) if pad else x
+    ho = (x.shape[1] + 2 * pad - kh) // stride + 1
+    wo = (x.shape[2] + 2 * pad - kw) // stride + 1
+    cols = jnp.concatenate([xp[:, :, j : j + stride * (wo - 1) + 1 : stride] for j in range(kw)],
+                           axis=-1)  # [B, H + 2·pad, wo, kw*I], (j, c) order
+    patches = jnp.concatenate([cols[:, i : i + stride * (ho - 1) + 1 : stride] for i in range(kh)],
+                              axis=-1)  # [B, ho, wo, kh*kw*I], (i, j, c) order
+    return jnp.dot(patches, kernel.reshape(kh * kw * cin, cout),
+                   preferred_element_type=preferred_element_type)
+
+
+class PatchConv(nnx.Module):
+    """Convolution with ``nnx.Conv``'s ``kernel``/``bias`` layout, computed by ``conv_patches`` or
+    ``conv`` (see ``patches_on_cpu``).
+
+    ``PatchConv(cin, cout, k, stride=s, padding=p, use_bias=b)`` computes ``nnx.Conv(cin, cout,
+    (k, k), strides=(s, s), padding=((p, p), (p, p)), use_bias=b)``: parameters ``kernel[k, k,
+    cin, cout]`` (HWIO, lecun-normal init) and, if ``use_bias``, ``bias[cout]`` (zeros; else
+    the attribute is ``None`` and the state has no ``bias``, as in ``nnx.Conv``), so key tables
+    that target ``.../kernel`` and ``.../bias`` fit both. No dilation or groups.
+
+    ``draw_bias_key``: draw (and discard) a ``params`` key for the bias as ``nnx.Conv`` does,
+    so a randomly initialised model that replaced ``nnx.Conv`` by ``PatchConv`` gets the same
+    weights from the same seed. The world nets leave it off (their trained checkpoints and
+    seeds were made that way).
+
+    ``patches_on_cpu``: on CPU always take the patch matmul (the world nets: the reference
+    results in ``results/reference`` were computed that way and stay bit-identical); False
+    lets ``conv`` pick XLA's native convolution on large maps (the ported models).
+    """
+
+    def __init__(self, cin: int, cout: int, size: int, *, stride: int = 1, padding: int = 0,
+                 use_bias: bool = True, draw_bias_key: bool = False,
+                 patches_on_cpu: bool = True, rngs: nnx.Rngs):
+        init = nnx.initializers.lecun_normal()
+        self.kernel = nnx.Param(init(rngs.params(), (size, size, cin, cout)))
+        if use_bias and draw_bias_key:
+            rngs.params()
+        self.bias = nnx.Param(jnp.zeros((cout,))) if use_bias else nnx.data(None)
+        self.stride, self.padding = stride, padding
+        self.patches_on_cpu = patches_on_cpu
+
+    def __call__(self, x):  # [B, H, W, cin] -> [B, H', W', cout]
+        if self.patches_on_cpu and jax.default_backend() == "cpu":
+            y = conv_patches(x, self.kernel[...], self.stride, self.padding)
+        else:
+            y = conv(x, self.kernel[...], self.stride, self.padding)
+        return y if self.bias is None else y + self.bias[...]
+
+
+# Smallest output side at which XLA:CPU's native convolution takes over from the patch matmul.
+NATIVE_MIN_SIDE = 8
+
+
+def native_is_faster(x_shape: tuple[int, ...], kernel_shape: tuple[int, ...], stride: int,
+                     pad: int) -> bool:
+    """Whether ``conv`` takes ``lax.conv_general_dilated`` rather than ``conv_patches``.
+
+    Always on GPU/TPU (cuDNN & co.: the tuned path; patch matrices would cost ``kh·kw`` times
+    the activation memory). On CPU for kernels larger than 1×1 whose output is at least
+    ``NATIVE_MIN_SIDE`` pixels on each side: XLA:CPU's convolution (Eigen) packs the patches
+    block by block inside its matmul instead of writing the ``kh·kw``-times larger patch matrix
+    to memory (57.8 MB for a 3×3, 256-channel convolution on 28×28 maps at batch 8, which lands
+    in freshly mapped pages), so on large maps it runs 1.5-5× faster, and it gives the same
+    float32 sums (bit-identical on ResNet-50). On maps of 2×2 it collapses to 0.4-5 GFLOP/s
+    (measured with jax 0.10.2 on 2 cores, ``benchmarks/conv_sweep.py``), where the patch matmul
+    stays at matmul speed; 1×1 kernels are plain matmuls either way.
+    """
+    if jax.default_backend() != "cpu":
+        return True
+    kh, kw = kernel_shape[:2]
+    if kh * kw == 1:
+        return False
+    ho = (x_shape[1] + 2 * pad - kh) // stride + 1
+    wo = (x_shape[2] + 2 * pad - kw) // stride + 1
+    return min(ho, wo) >= NATIVE_MIN_SIDE
+
+
+def conv(x: jax.Array, kernel: jax.Array, stride: int, pad: int,
+         preferred_element_type=None) -> jax.Array:
+    """The backend's fast convolution: ``lax.conv_general_dilated`` on GPU/TPU and on CPU for
+    large maps, ``conv_patches`` on CPU for small maps and 1×1 kernels (``native_is_faster``).
+
+    ``x[B, H, W, I] * kernel[kh, kw, I, O] -> [B, H', W', O]`` (cross-correlation, symmetric
+    zero padding ``pad``); the two paths agree up to float32 rounding.
+    ``preferred_element_type``: accumulation/output dtype (e.g. float32 for bfloat16 inputs).
+    """
+    if not native_is_faster(x.shape, kernel.shape, stride, pad):
+        return conv_patches(x, kernel, stride, pad, preferred_element_type)
+    dtype = jnp.result_type(x, kernel)  # promote mixed inputs as the patch matmul's dot does
+    return jax.lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), (stride, stride),
+                                        [(pad, pad), (pad, pad)],
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                        preferred_element_type=preferred_element_type)
+
+
+def conv2d(cin: int, cout: int, size: int, *, stride: int = 1, padding: int = 0,
+           use_bias: bool = True, rngs: nnx.Rngs) -> PatchConv:
+    """Drop-in for ``nnx.Conv(cin, cout, (size, size), strides=(stride, stride),
+    padding=((padding, padding),) * 2, use_bias=use_bias, rngs=rngs)`` in the ported models:
+    same parameter paths, shapes, initialisation and random draws; computed by ``conv``
+    (patch matmul on CPU for small maps, the native convolution on large maps and on
+    accelerators)."""
+    return PatchConv(cin, cout, size, stride=stride, padding=padding, use_bias=use_bias,
+                     draw_bias_key=True, patches_on_cpu=False, rngs=rngs)

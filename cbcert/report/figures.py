@@ -1,0 +1,197 @@
+"""Report figures (matplotlib, Agg): PFR vs ε and τ, certified accuracy, SmAcc/ACR vs scale,
+the std-vs-cbm robustness-gap heatmap and CFR/DFS vs PFR. A figure without data is skipped."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from cbcert.certify.smoothing import SMOOTHINGS, Smoothing, smoothing
+from cbcert.report.cells import CellResult
+from cbcert.report.tables import _budget_label
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
+def figure_pfr(cell: CellResult, kind: str, path: Path) -> Path | None:
+    """PFR (mean ± sd over subsets) per model vs ε (``kind='eps'``) or τ (``'tau'``)."""
+    budgets = [b for b in cell.summary["budgets"] if b["kind"] == kind]
+    if not budgets:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    x = [b["value"] for b in budgets]
+    for model in cell.summary["settings"]["models"]:
+        ax.errorbar(x, [b["pfr"][model]["mean"] for b in budgets],
+                    yerr=[b["pfr"][model]["sd"] for b in budgets], marker="o", capsize=3,
+                    label=model)
+    ax.set(xlabel="ε (latent L2 shift)" if kind == "eps" else "τ (concepts flipped)",
+           ylabel="PFR", title=f"Prediction flip rate vs {'ε' if kind == 'eps' else 'τ'}")
+    ax.legend()
+    return _save(fig, path)
+
+
+def figure_certified_accuracy(cell: CellResult, path: Path) -> Path | None:
+    """Certified accuracy vs radius, one curve per model, for one certification cell."""
+    s = cell.summary
+    if s["mode"] != "certify":
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for model, m in s["models"].items():
+        ax.step(m["radius_grid"], m["certified_accuracy"], where="post", label=model)
+    kind = smoothing(s["noise"])
+    symbol, unit = kind.symbol, "Hamming radius" if kind.hamming else "L2 radius"
+    ax.set(xlabel=unit, ylabel="certified accuracy", ylim=(0, 1.02),
+           title=f"Certified accuracy, {symbol} = {s['scale']:g}")
+    ax.legend()
+    return _save(fig, path)
+
+
+def figure_vs_scale(cells: Sequence[CellResult], kind: Smoothing, path: Path) -> Path | None:
+    """SmAcc and ACR (ACR-H) per model vs the scale of one smoothing ``kind`` (σ or ρ)."""
+    chosen = sorted((c for c in cells if c.kind == "certify" and c.summary["noise"] == kind.kind
+                     and c.summary["mode"] == "certify"), key=lambda c: c.summary["scale"])
+    if not chosen:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    scales = [c.summary["scale"] for c in chosen]
+    for model in chosen[0].summary["models"]:
+        for ax, key in zip(axes, ("smoothed_accuracy", "acr"), strict=True):
+            ax.plot(scales, [c.summary["models"][model][key] for c in chosen], marker="o",
+                    label=model)
+    symbol, acr = kind.symbol, "ACR-H" if kind.hamming else "ACR"
+    axes[0].set(xlabel=symbol, ylabel="smoothed accuracy", title=f"SmAcc vs {symbol}")
+    axes[1].set(xlabel=symbol, ylabel=acr, title=f"{acr} vs {symbol}")
+    axes[0].legend()
+    return _save(fig, path)
+
+
+def robustness_gaps(cells: Sequence[CellResult]) -> tuple[list[str], list[str], list[list[float]]]:
+    """Rows (budgets), columns (metrics) and values of the std-vs-cbm gap, positive = CBM better.
+
+    Metrics: ``ΔPFR = PFR_std − PFR_cbm`` (perturb), ``ΔSmAcc`` and ``ΔACR = cbm − std``
+    (certification), ``ΔRobAcc = cbm − std`` (attacks). Missing combinations are NaN.
+    """
+    columns = ["ΔPFR (std−cbm)", "ΔSmAcc (cbm−std)", "ΔACR (cbm−std)", "ΔRobAcc (cbm−std)"]
+    rows: dict[str, dict[str, float]] = {}
+    for cell in cells:
+        s = cell.summary
+        if cell.kind == "perturb" and {"std", "cbm"} <= set(s["settings"]["models"]):
+            for b in s["budgets"]:
+                label = f"{'ε' if b['kind'] == 'eps' else 'τ'}={b['value']:g} (perturb)"
+                rows.setdefault(label, {})[columns[0]] = (
+                    b["pfr"]["std"]["mean"] - b["pfr"]["cbm"]["mean"])
+        elif cell.kind == "certify" and {"std", "cbm"} <= set(s["models"]):
+            std, cbm = s["models"]["std"], s["models"]["cbm"]
+            symbol = smoothing(s["noise"]).symbol
+            entry = rows.setdefault(f"{symbol}={s['scale']:g} ({s['mode']})", {})
+            entry[columns[1]] = cbm["smoothed_accuracy"] - std["smoothed_accuracy"]
+            if "acr" in std:
+                entry[columns[2]] = cbm["acr"] - std["acr"]
+        elif cell.kind == "attack" and {"std", "cbm"} <= set(s["models"]):
+            for b_std, b_cbm in zip(s["models"]["std"]["budgets"], s["models"]["cbm"]["budgets"],
+                                    strict=True):
+                label = f"ε={b_std['eps']:g} ({cell.name})"
+                rows.setdefault(label, {})[columns[3]] = (
+                    b_cbm["robust_accuracy"] - b_std["robust_accuracy"])
+    values = [[row.get(c, math.nan) for c in columns] for row in rows.values()]
+    return list(rows), columns, values
+
+
+def figure_gap_heatmap(cells: Sequence[CellResult], path: Path) -> Path | None:
+    """Heatmap of `robustness_gaps` (diverging colours centred on 0, values annotated)."""
+    import numpy as np
+
+    rows, columns, values = robustness_gaps(cells)
+    if not rows:
+        return None
+    data = np.array(values, dtype=np.float64)  # [budgets, metrics]
+    keep = ~np.all(np.isnan(data), axis=0)
+    data, columns = data[:, keep], [c for c, k in zip(columns, keep, strict=True) if k]
+    plt = _pyplot()
+    bound = max(float(np.nanmax(np.abs(data))), 1e-9)
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(columns), 1.2 + 0.35 * len(rows)))
+    image = ax.imshow(np.ma.masked_invalid(data), cmap="RdBu", vmin=-bound, vmax=bound,
+                      aspect="auto")
+    ax.set_xticks(range(len(columns)), columns, rotation=20, ha="right")
+    ax.set_yticks(range(len(rows)), rows)
+    for (i, j), v in np.ndenumerate(data):
+        if not np.isnan(v):
+            ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=8)
+    fig.colorbar(image, ax=ax, label="gap (positive = CBM more robust)")
+    ax.set_title("std vs cbm robustness gap")
+    return _save(fig, path)
+
+
+def figure_flips_vs_pfr(cell: CellResult, path: Path) -> Path | None:
+    """CFR vs PFR (every model) and DFS vs PFR (concept models), one point per budget."""
+    budgets = [b for b in cell.summary["budgets"] if b["cfr"] is not None]
+    if not budgets:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for h, model in enumerate(cell.summary["settings"]["models"]):
+        pfr = [b["pfr"][model]["mean"] for b in budgets]
+        # One colour per model in both panels.
+        style = {"label": model, "color": f"C{h}"}
+        axes[0].scatter(pfr, [b["cfr"]["mean"] for b in budgets], **style)
+        if all(model in b["dfs"] for b in budgets):
+            axes[1].scatter(pfr, [b["dfs"][model]["mean"] for b in budgets], **style)
+    for b in budgets:
+        axes[0].annotate(_budget_label(b["kind"], b["value"]),
+                         (b["pfr"]["std"]["mean"] if "std" in b["pfr"] else 0, b["cfr"]["mean"]),
+                         fontsize=7)
+    axes[0].set(xlabel="PFR", ylabel="CFR", title="Concept vs prediction flips")
+    axes[1].set(xlabel="PFR", ylabel="DFS ‖r(x) − r(x̃)‖₂", title="Decision shift vs PFR")
+    axes[0].legend()
+    if axes[1].has_data():
+        axes[1].legend()
+    return _save(fig, path)
+
+
+def write_figures(cells: Sequence[CellResult], out: Path,
+                  log: Callable[[str], None] = print) -> list[Path]:
+    """Every figure the cells have data for, as PNGs in ``out``; notes for the skipped ones."""
+    plans: list[tuple[str, Callable[[Path], Path | None]]] = []
+    perturbs = [c for c in cells if c.kind == "perturb"]
+    for cell in perturbs:
+        prefix = "" if len(perturbs) == 1 else f"{cell.name}_"
+        for kind in ("eps", "tau"):
+            plans.append((f"{prefix}pfr_vs_{kind}.png",
+                          lambda p, c=cell, k=kind: figure_pfr(c, k, p)))
+        plans.append((f"{prefix}cfr_dfs_vs_pfr.png", lambda p, c=cell: figure_flips_vs_pfr(c, p)))
+    for cell in cells:
+        if cell.kind == "certify":
+            plans.append((f"certified_accuracy_{cell.name}.png",
+                          lambda p, c=cell: figure_certified_accuracy(c, p)))
+    for kind in (SMOOTHINGS["gaussian"], SMOOTHINGS["bernoulli"]):
+        plans.append((f"smacc_acr_vs_{kind.key}.png",
+                      lambda p, k=kind: figure_vs_scale(cells, k, p)))
+    plans.append(("robustness_gap.png", lambda p: figure_gap_heatmap(cells, p)))
+    if not perturbs:
+        log("note: no perturb cell; skipped pfr_vs_eps, pfr_vs_tau and cfr_dfs_vs_pfr")
+    written = []
+    for name, draw in plans:
+        path = draw(out / name)
+        if path is None:
+            log(f"note: skipped {name} (no data for it in this run)")
+        else:
+            written.append(path)
+    return written

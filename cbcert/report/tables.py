@@ -1,0 +1,182 @@
+"""Report tables: certification, empirical flip rates with paired tests, attacks (CSV + Markdown).
+
+CSV cells hold the summary's numbers at full precision (``repr`` of the float); Markdown rounds
+to 4 significant digits and shows ``mean ± sd`` pairs in one column.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cbcert.certify.smoothing import smoothing
+from cbcert.report.cells import CellResult
+from cbcert.schema import value_name
+
+# Certified-accuracy columns: multiples of σ for L2 radii, absolute Hamming radii.
+L2_MARKS = (0.5, 1.0, 2.0)
+HAMMING_MARKS = (1, 2, 3)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A report table: raw values (str, int, float, bool or None) under named columns."""
+
+    name: str
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+
+    def to_csv(self) -> str:
+        """CSV with full-precision numbers; None is an empty cell."""
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(self.columns)
+        for row in self.rows:
+            writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v
+                             for v in row])
+        return buffer.getvalue()
+
+    def to_markdown(self) -> str:
+        """A GitHub Markdown table; ``x_mean``/``x_sd`` column pairs become one ``x`` column."""
+        groups: list[tuple[str, tuple[int, ...]]] = []
+        i = 0
+        while i < len(self.columns):
+            col = self.columns[i]
+            pair = col.endswith("_mean") and i + 1 < len(self.columns) and \
+                self.columns[i + 1] == col[: -len("_mean")] + "_sd"
+            groups.append((col[: -len("_mean")], (i, i + 1)) if pair else (col, (i,)))
+            i += 2 if pair else 1
+        lines = ["| " + " | ".join(name for name, _ in groups) + " |",
+                 "|" + "|".join("---" for _ in groups) + "|"]
+        for row in self.rows:
+            cells = [" ± ".join(_fmt(row[j]) for j in idx) if row[idx[0]] is not None else "–"
+                     for _, idx in groups]
+            lines.append("| " + " | ".join(cells) + " |")
+        return f"### {self.title}\n\n" + "\n".join(lines) + "\n"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def _ca_at(entry: dict[str, Any], radius: float) -> float | None:
+    """Certified accuracy at ``radius`` from the summary's curve, None if not on the grid."""
+    for r, ca in zip(entry.get("radius_grid", ()), entry.get("certified_accuracy", ()),
+                     strict=True):
+        if math.isclose(r, radius, rel_tol=1e-9, abs_tol=1e-12):
+            return ca
+    return None
+
+
+def certification_tables(cells: Sequence[CellResult]) -> list[Table]:
+    """Latent (L2) and concept (Hamming) certification tables, one row per cell and model."""
+    latent, concept = [], []
+    for cell in cells:
+        if cell.kind != "certify":
+            continue
+        s = cell.summary
+        for model, m in s["models"].items():
+            head = (cell.name, s["mode"])
+            tail = (m.get("abstain_rate"), m.get("seconds_per_input"))
+            if not smoothing(s["noise"]).hamming:
+                marks = tuple(_ca_at(m, f * s["scale"]) for f in L2_MARKS)
+                latent.append((*head, s["scale"], model, m["num_inputs"],
+                               m["smoothed_accuracy"], m.get("acr"), *marks, *tail))
+            else:
+                marks = tuple(_ca_at(m, r) for r in HAMMING_MARKS)
+                concept.append((*head, s["noise"], s["scale"], model, m["num_inputs"],
+                                m["smoothed_accuracy"], m.get("acr"), *marks, *tail))
+    tables = []
+    if latent:
+        tables.append(Table(
+            "certification_latent", "Certified L2 radii in latent space (Gaussian smoothing)",
+            ("cell", "mode", "sigma", "model", "inputs", "smoothed_accuracy", "acr",
+             "ca_at_half_sigma", "ca_at_sigma", "ca_at_2sigma", "abstain_rate",
+             "seconds_per_input"), tuple(latent)))
+    if concept:
+        tables.append(Table(
+            "certification_concept",
+            "Certified Hamming radii in concept space (bernoulli: scale ρ; fixed: m flips)",
+            ("cell", "mode", "noise", "scale", "model", "inputs", "smoothed_accuracy", "acr_h",
+             *(f"ca_at_{r}" for r in HAMMING_MARKS), "abstain_rate", "seconds_per_input"),
+            tuple(concept)))
+    return tables
+
+
+def _budget_label(kind: str, value: float) -> str:
+    return f"{kind}{value_name(value)}"
+
+
+def perturb_tables(cells: Sequence[CellResult]) -> list[Table]:
+    """Empirical rates per budget (mean, sd over subsets) and the paired PFR tests."""
+    tables = []
+    for cell in cells:
+        if cell.kind != "perturb":
+            continue
+        models = cell.summary["settings"]["models"]
+        budgets = cell.summary["budgets"]
+        dfs_models = [m for m in models if any(m in b["dfs"] for b in budgets)]
+        columns = ["cell", "budget", "kind", "value", "subsets", "subset_size",
+                   "cfr_mean", "cfr_sd", "cfr_count_mean", "cfr_count_sd"]
+        columns += [f"pfr_{m}_{s}" for m in models for s in ("mean", "sd")]
+        columns += [f"dfs_{m}_{s}" for m in dfs_models for s in ("mean", "sd")]
+        rows, tests = [], []
+        for b in budgets:
+            label = _budget_label(b["kind"], b["value"])
+            row = [cell.name, label, b["kind"], b["value"], b["num_subsets"], b["subset_size"]]
+            for key in ("cfr", "cfr_count"):
+                row += [b[key]["mean"], b[key]["sd"]] if b[key] else [None, None]
+            row += [b["pfr"][m][s] for m in models for s in ("mean", "sd")]
+            row += [b["dfs"][m][s] if m in b["dfs"] else None
+                    for m in dfs_models for s in ("mean", "sd")]
+            rows.append(tuple(row))
+            tests += [(cell.name, label, c["model_a"], c["model_b"], c["delta"]["mean"],
+                       c["delta"]["sd"], c["t"], c["df"], c["p"], c["p_holm"])
+                      for c in b["comparisons"]]
+        suffix = "" if _count(cells, "perturb") == 1 else f"_{cell.name}"
+        tables.append(Table(f"perturb{suffix}",
+                            f"Empirical flip rates, mean ± sd over subsets ({cell.name})",
+                            tuple(columns), tuple(rows)))
+        tables.append(Table(f"perturb_tests{suffix}",
+                            f"Δ = PFR_a − PFR_b, paired t-test, Holm-corrected p ({cell.name})",
+                            ("cell", "budget", "model_a", "model_b", "delta_mean", "delta_sd",
+                             "t", "df", "p", "p_holm"), tuple(tests)))
+    return tables
+
+
+def attack_tables(cells: Sequence[CellResult]) -> list[Table]:
+    """Clean and robust accuracy per attack cell, model and ε (abstain counts as wrong)."""
+    rows = []
+    for cell in cells:
+        if cell.kind != "attack":
+            continue
+        s, job = cell.summary, cell.run["job"]
+        for model, entry in s["models"].items():
+            for b in entry["budgets"]:
+                rows.append((cell.name, s["space"], s["norm"], s["loss"], s["smoothed"],
+                             job.get("scale"), model, b["num_inputs"], entry["clean_accuracy"],
+                             b["eps"], b["robust_accuracy"], b["adversarial_abstain_rate"]))
+    if not rows:
+        return []
+    return [Table("attack", "APGD through the generator: clean and robust accuracy",
+                  ("cell", "space", "norm", "loss", "smoothed", "scale", "model", "inputs",
+                   "clean_accuracy", "eps", "robust_accuracy", "adversarial_abstain_rate"),
+                  tuple(rows))]
+
+
+def _count(cells: Sequence[CellResult], kind: str) -> int:
+    return sum(c.kind == kind for c in cells)
+
+
+def tables(cells: Sequence[CellResult]) -> list[Table]:
+    """All tables of a run, in report order."""
+    return [*certification_tables(cells), *perturb_tables(cells), *attack_tables(cells)]

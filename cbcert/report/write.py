@@ -1,0 +1,67 @@
+"""Reports: Markdown + CSV tables and PNG figures from the cell directories of a run.
+
+Reads only what the runners wrote (``run.json`` and ``summary.json`` of every cell; analysis is
+separate from sampling) and writes into ``<run>/report/``:
+
+* ``certification_latent.csv`` / ``certification_concept.csv``: per cell (σ, ρ or m) and model,
+  smoothed accuracy (abstain = wrong), ACR (ACR-H), certified accuracy at σ/2, σ, 2σ (Hamming
+  radii 1, 2, 3), abstain rate and seconds per input;
+* ``perturb.csv``: per budget, mean and sd over subsets of CFR, flipped-concept count, PFR per
+  model and DFS per concept model; ``perturb_tests.csv``: Δ = PFR_a − PFR_b with the paired
+  t-test's p and the Holm-corrected p (SPEC §3);
+* ``attack.csv``: clean and robust accuracy per cell, model and ε;
+* ``report.md`` with every table, and the figures (matplotlib, Agg): PFR vs ε and vs τ, certified
+  accuracy vs radius per certification cell, SmAcc and ACR vs σ and vs ρ, the std-vs-cbm
+  robustness-gap heatmap (positive = CBM more robust) and CFR / DFS vs PFR. A figure whose
+  data are absent is skipped with a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from cbcert.report.cells import MANIFEST, ReportError, find_cells
+from cbcert.report.figures import write_figures
+from cbcert.report.tables import tables
+from cbcert.runs.directory import read_json
+
+REPORT_DIR = "report"
+
+
+def _header(run_dir: Path) -> str:
+    lines = [f"# Report: {run_dir.resolve().name}", ""]
+    path = run_dir / MANIFEST
+    if path.is_file():
+        m = read_json(path)
+        versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+        lines += [f"Config `{m['config']['name']}`, world `{m.get('world')}`, "
+                  f"seed {m.get('seed')}, git `{m.get('git_revision')}`; {versions}; "
+                  f"devices {m.get('devices')}.", ""]
+    return "\n".join(lines)
+
+
+def write_report(run_dir: str | Path, log: Callable[[str], None] = print) -> list[Path]:
+    """Write the tables (CSV + ``report.md``) and figures of a run into ``<run_dir>/report/``.
+
+    Returns the written paths. Raises ReportError if ``run_dir`` holds no finished cell.
+    """
+    run_dir = Path(run_dir)
+    cells = find_cells(run_dir, log)
+    out = run_dir / REPORT_DIR
+    out.mkdir(exist_ok=True)
+    written = []
+    all_tables = tables(cells)
+    for table in all_tables:
+        path = out / f"{table.name}.csv"
+        path.write_text(table.to_csv())
+        written.append(path)
+    figures = write_figures(cells, out, log)
+    markdown = [_header(run_dir), *(t.to_markdown() for t in all_tables), "## Figures", ""]
+    markdown += [f"![{f.stem}]({f.name})" for f in figures]
+    path = out / "report.md"
+    path.write_text("\n".join(markdown) + "\n")
+    return [*written, *figures, path]
+
+
+__all__ = ["REPORT_DIR", "ReportError", "write_report"]

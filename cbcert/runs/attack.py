@@ -1,0 +1,323 @@
+"""Attack runs: APGD through generator and classifier, against base or smoothed classifiers.
+
+SPEC §5. Inputs are the std/cbm agreement set of the generated pool (the same inputs as
+``certify latent``/``certify concept`` with the same seed), labelled with the shared clean
+prediction. Each model is attacked on its own: its logits function is one head of
+``World.latent_apply`` (perturb the latent ``z``) or ``World.concept_apply`` (perturb the
+continuous concept representation ``c = E(g1(z))`` before decoding).
+
+* **Base**: APGD-CE (or APGD-DLR) maximises the loss of ``f_m(g(x))`` over the ε-ball
+  around the clean ``x``. Robust means the attack found no misclassified point.
+* **Smoothed**: APGD maximises the SmoothAdv loss ``-log p̂(x)_y`` with ``p̂`` the mean
+  softmax over ``eot`` fixed noise samples (``cbcert.attacks.smoothed``); the adversarial
+  point is then judged with Cohen et al.'s Monte Carlo ``PREDICT`` (``n`` samples, level α,
+  abstain = wrong). The clean point is itself in the ε-ball, so robust means PREDICT is
+  correct at *both* the clean and the adversarial point; robust accuracy ≤ clean accuracy.
+  ``argmax p̂`` only estimates the smoothed prediction, so APGD runs with ``attack_all``:
+  every input is attacked and its highest-loss point judged, even where ``p̂`` already
+  misclassifies the clean point (``attack_fooled`` records ``argmax p̂ ≠ label`` at the
+  returned point).
+
+Keys (all from ``--seed``; ``root = jax.random.key(seed)``):
+
+* pool: ``Stream.POOL`` of ``cbcert.engine.keys`` (same inputs as certification runs);
+* APGD random starts of input i (global pool index) for one (model, ε):
+  ``fold_in(fold_in(fold_in(fold_in(root, Stream.ATTACK), model_id), bits(ε)), i)``, then
+  ``fold_in(·, r)`` for restart r, with ``model_id`` the model's position in
+  ``World.model_names`` and ``bits(ε)`` the float32 bit pattern of ε; so results do not
+  depend on ``batch`` or on which other models or budgets a run includes, and a resumed run
+  repeats exactly the first one;
+* EOT noise of input i (global pool index): ``fold_in(fold_in(root, Stream.EOT), i)``,
+  shared by models and budgets;
+* PREDICT noise: ``Stream.ESTIMATE`` with ``sample_key(·, i, j)``, as ``certify predict``,
+  for the clean and the adversarial point alike (common random numbers); independent of
+  the EOT noise the attacker saw.
+
+Per-input records go to ``records.jsonl`` as each (batch, model, ε) unit finishes; a rerun
+with the same output directory skips finished units, and the resumed summary equals an
+uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from cbcert.certify.cohen import ABSTAIN
+from cbcert.certify.smoothing import of_space
+from cbcert.runs.attacker import Attacker
+from cbcert.runs.certify import check_models
+from cbcert.runs.directory import (
+    RECORDS,
+    SUMMARY,
+    append_records,
+    check_field,
+    check_types,
+    check_writable,
+    finite_or_none,
+    hold,
+    json_line,
+    open_run_dir,
+    read_records,
+    write_json,
+)
+from cbcert.runs.pool import agreement_pool, space_inputs
+from cbcert.schema import ConfigError, validate
+
+
+@dataclass(frozen=True)
+class AttackJob:
+    """Settings of one attack run (everything that determines its results).
+
+    Attributes:
+      space: ``latent`` (perturb ``z``) or ``concept`` (perturb ``c = E(g1(z))``).
+      eps: attack budgets ε, radii of the ``norm`` ball around the clean input.
+      norm: ``linf`` or ``l2``.
+      iters, restarts: APGD iterations per restart and number of restarts.
+      loss: ``ce`` (APGD-CE) or ``dlr`` (APGD-DLR, needs ≥ 3 classes).
+      smoothed: attack the smoothed classifier (EOT loss) and judge it with PREDICT.
+      scale: noise scale of the smoothed classifier: σ (latent Gaussian) or ρ (concept
+        Bernoulli flips); None for base attacks.
+      eot: noise samples in the attack's expected softmax (smoothed only).
+      n, alpha: PREDICT samples and level (smoothed only).
+      models: models attacked, each on its own.
+      seed: root seed; num_inputs: inputs attacked (agreement set, pool order).
+      batch: inputs per APGD call (unit of progress and of resumption).
+    """
+
+    space: Literal["latent", "concept"] = "latent"
+    eps: tuple[float, ...] = (0.01, 0.03)
+    norm: Literal["linf", "l2"] = "linf"
+    iters: int = 100
+    restarts: int = 1
+    loss: Literal["ce", "dlr"] = "ce"
+    smoothed: bool = False
+    scale: float | None = None
+    eot: int = 8
+    n: int = 1000
+    alpha: float = 0.001
+    models: tuple[str, ...] = ("std", "cbm", "proto")
+    seed: int = 0
+    num_inputs: int = 64
+    batch: int = 16
+
+    def __post_init__(self) -> None:
+        noise = of_space(self.space)
+        if not self.eps:
+            raise _error("eps", (), "give one or more budgets")
+        for value in self.eps:
+            validate("eps", value, key="eps")
+        if len(set(self.eps)) != len(self.eps):
+            raise _error("eps", self.eps, f"give each budget once, got {list(self.eps)}")
+        if self.smoothed and self.scale is None:
+            raise _error(noise.key, None, f"smoothed attacks need the noise scale {noise.key}")
+        if not self.smoothed and self.scale is not None:
+            raise _error(noise.key, self.scale, "only meaningful with smoothed=True")
+        if self.smoothed:
+            noise.check(self.scale)
+        for key in ("iters", "restarts", "num_inputs", "batch"):
+            validate("count", getattr(self, key), key=key)
+        for key in ("eot", "n"):
+            validate("samples", getattr(self, key), key=key)
+        validate("alpha", self.alpha, key="alpha")
+        validate("seed", self.seed, key="seed")
+        check_models(self.models)
+
+    @property
+    def noise_name(self) -> str:
+        """``sigma`` (latent Gaussian) or ``rho`` (concept flips): the smoothing scale's name."""
+        return of_space(self.space).key
+
+
+def _error(key: str, value, detail: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r}: {detail}", key=key, value=value, detail=detail)
+
+
+def run(
+    world,
+    job: AttackJob,
+    out: str | Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
+) -> dict[str, Any]:
+    """Attack every model of ``job`` at every budget on the agreement pool; resumable.
+
+    Writes ``run.json`` (settings), appends ``records.jsonl`` (one line per input, model and
+    ε: index, model, eps, label, clean_prediction, adversarial_prediction, loss,
+    perturbation_norm, attack_fooled, robust, seconds; plus clean/adversarial PREDICT
+    p-values when smoothed; predictions are ``ABSTAIN`` = −1 when PREDICT abstains) and
+    finally ``summary.json``. ``progress(done, total)`` counts (batch, model, ε) units.
+
+    ``chunk_size`` caps the inputs per APGD call and the (input, sample) pairs per engine
+    chunk; by default both come from ``max_memory`` (see `cbcert.runs.attacker.Attacker.chunk`).
+
+    Returns the summary (:func:`summarize_records`).
+    """
+    out = Path(out)
+    world.check_models(job.models)
+    check_writable(out)
+    with hold(out):
+        return _run(world, job, out, progress, chunk_size, max_memory)
+
+
+# JSON types of the record fields (see `check_types`); smoothed runs add the p-values.
+_RECORD_TYPES: dict[str, tuple] = {
+    "index": (int,), "model": (str,), "eps": (int, float), "label": (int,),
+    "clean_prediction": (int,), "adversarial_prediction": (int,), "loss": (int, float, None),
+    "perturbation_norm": (int, float), "attack_fooled": (bool,), "robust": (bool,),
+    "seconds": (int, float),
+}
+_SMOOTHED_TYPES = {"clean_p_value": (int, float), "adversarial_p_value": (int, float)}
+
+
+def records_of(path: Path, job: AttackJob, indices) -> list[dict]:
+    """The checked records of an attack run: one per (input, model, ε) of ``job``.
+
+    Raises `RecordsError` for a malformed line, an input, model or budget that is not part of
+    the run, a field of the wrong type, or two different records for one key.
+    """
+    indices, models, budgets = set(map(int, indices)), set(job.models), set(map(float, job.eps))
+    types = {**_RECORD_TYPES, **(_SMOOTHED_TYPES if job.smoothed else {})}
+
+    def check(record: dict) -> None:
+        check_types(record, types)
+        check_field(record, "index", indices, "an input of this run")
+        check_field(record, "model", models, f"one of the run's models {sorted(models)}")
+        check_field(record, "eps", budgets, f"one of the run's budgets {sorted(budgets)}")
+
+    return read_records(path, key=lambda r: (r["index"], r["model"], r["eps"]), check=check)
+
+
+def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> dict[str, Any]:
+    open_run_dir(out, {"job": asdict(job), "world": world.name})
+    memory = dict(chunk_size=chunk_size, max_memory=max_memory)
+    pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
+    records_path = out / RECORDS
+    records = records_of(records_path, job, pool.indices)
+    done = {(r["index"], r["model"], r["eps"]) for r in records}
+    inputs = space_inputs(world, pool.latents, job.space, **memory)
+    attacker = Attacker(world, job, **memory)
+
+    units = [
+        (b, m, float(e))
+        for b in range(0, job.num_inputs, job.batch)
+        for m in job.models
+        for e in job.eps
+    ]
+    total = len(units)
+    finished = 0
+    if progress:
+        progress(finished, total)
+    with append_records(records_path) as sink:
+        for start in range(0, job.num_inputs, job.batch):
+            rows = np.arange(start, min(start + job.batch, job.num_inputs))
+            idx = pool.indices[rows]
+            todo = [
+                (m, e)
+                for m in job.models
+                for e in map(float, job.eps)
+                if any((int(i), m, e) not in done for i in idx)
+            ]
+            finished += len(job.models) * len(job.eps) - len(todo)
+            if not todo:
+                continue
+            x, labels = inputs[rows], pool.labels[rows]
+            clean = attacker.clean_predictions(x, idx)
+            for model, eps in todo:
+                tic = time.perf_counter()
+                adv = attacker.attack(model, eps, x, labels, idx)
+                seconds = (time.perf_counter() - tic) / len(rows)
+                for r, i in enumerate(idx):
+                    if (int(i), model, eps) in done:
+                        continue
+                    record = _record(int(i), model, eps, int(labels[r]), clean[model], adv, r)
+                    sink.write(json_line({**record, "seconds": seconds}))
+                sink.flush()
+                finished += 1
+                if progress:
+                    progress(finished, total)
+
+    summary = summarize_records(records_of(records_path, job, pool.indices), job)
+    summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
+    write_json(out / SUMMARY, summary)
+    return summary
+
+
+def _record(index, model, eps, label, clean, adv, r) -> dict[str, Any]:
+    """One JSONL record; ``robust`` = correct at the clean and at the adversarial point."""
+    clean_pred, adv_pred = int(clean["prediction"][r]), int(adv["prediction"][r])
+    record = {
+        "index": index,
+        "model": model,
+        "eps": eps,
+        "label": label,
+        "clean_prediction": clean_pred,
+        "adversarial_prediction": adv_pred,
+        "loss": finite_or_none(adv["loss"][r]),
+        "perturbation_norm": float(adv["perturbation_norm"][r]),
+        "attack_fooled": bool(adv["attack_fooled"][r]),
+        "robust": clean_pred == label and adv_pred == label,
+    }
+    if "p_value" in adv:
+        record["clean_p_value"] = float(clean["p_value"][r])
+        record["adversarial_p_value"] = float(adv["p_value"][r])
+    return record
+
+
+def summarize_records(records: list[dict], job: AttackJob) -> dict[str, Any]:
+    """Per model: clean accuracy, and per ε robust accuracy, abstain rate, mean norm and loss.
+
+    Clean accuracy is read from the first budget's records (all budgets share the clean
+    prediction). Abstentions (``ABSTAIN``) count as wrong. Records are sorted by input index,
+    so the summary does not depend on resumption.
+    """
+    result: dict[str, Any] = {
+        "space": job.space,
+        "norm": job.norm,
+        "loss": job.loss,
+        "smoothed": job.smoothed,
+        job.noise_name: job.scale,
+        "eps": [float(e) for e in job.eps],
+        "models": {},
+    }
+    for model in job.models:
+        per_eps = []
+        clean_acc = None
+        for eps in map(float, job.eps):
+            rows = sorted(
+                (r for r in records if r["model"] == model and r["eps"] == eps),
+                key=lambda r: r["index"],
+            )
+            labels = np.array([r["label"] for r in rows], np.int64)
+            clean = np.array([r["clean_prediction"] for r in rows], np.int64)
+            adv = np.array([r["adversarial_prediction"] for r in rows], np.int64)
+            robust = np.array([r["robust"] for r in rows], bool)
+            if clean_acc is None:
+                clean_acc = _mean(clean == labels)
+            per_eps.append(
+                {
+                    "eps": eps,
+                    "num_inputs": len(rows),
+                    "robust_accuracy": _mean(robust),
+                    "adversarial_abstain_rate": _mean(adv == ABSTAIN),
+                    "mean_perturbation_norm": _mean([r["perturbation_norm"] for r in rows]),
+                    "mean_loss": _mean([r["loss"] for r in rows if r["loss"] is not None]),
+                }
+            )
+        result["models"][model] = {"clean_accuracy": clean_acc, "budgets": per_eps}
+    return result
+
+
+def _mean(values) -> float | None:
+    values = np.asarray(values, np.float64)
+    return float(values.mean()) if values.size else None
+
+
+__all__ = ["AttackJob", "records_of", "run", "summarize_records"]

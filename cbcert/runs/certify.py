@@ -1,0 +1,551 @@
+"""Certification runs: input pool → agreement set → Monte Carlo counts → certificates → records.
+
+A run certifies (or smoothly predicts) every requested model on the same inputs under the same
+noise (SPEC §4). Per-input records are appended to ``records.jsonl`` as each batch of inputs
+finishes (as locuslab/smoothing's ``certify.py`` writes one line per input); a rerun with the
+same output directory skips finished inputs, and because the noise of sample j of input i is a
+function of ``(seed, i, j)`` only, the resumed run's records and summary equal an uninterrupted
+run's. Analysis (``summarize_records``) is separate from sampling.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from cbcert.certify import metrics
+from cbcert.certify.bounds import binomial_test_half
+from cbcert.certify.cohen import ABSTAIN, certify_counts, predict_counts
+from cbcert.certify.sequential import (
+    SEQUENTIAL_KEYS,
+    STOP_REASONS,
+    Schedule,
+    SequentialCertifier,
+    SequentialPredictor,
+    Stopping,
+    check_settings,
+    largest_radius,
+    pilot_hopeless,
+    samples_needed,
+)
+from cbcert.certify.smoothing import Smoothing, smoothing
+from cbcert.engine.continuous import count_classes_sequential
+from cbcert.engine.keys import Stream, stream_key
+from cbcert.engine.sampler import count_classes
+from cbcert.runs.directory import (
+    RECORDS,
+    SUMMARY,
+    append_records,
+    check_field,
+    check_types,
+    check_writable,
+    finite_or_none,
+    hold,
+    json_line,
+    open_run_dir,
+    read_records,
+    write_json,
+)
+from cbcert.runs.pool import agreement_pool, space_inputs
+from cbcert.schema import ConfigError, validate, validate_sample_sizes
+
+
+@dataclass(frozen=True)
+class CertifyJob:
+    """Settings of one certification run (everything that determines its results).
+
+    Attributes:
+      noise: ``gaussian`` (latent space, scale σ), ``bernoulli`` (concept flips, ρ) or
+        ``fixed`` (exactly m concept flips).
+      scale: σ, ρ or m.
+      mode: ``certify`` (Cohen CERTIFY) or ``predict`` (Cohen PREDICT, abstaining).
+      n0: selection samples (certify only); n: estimation / prediction samples; alpha: error level.
+      two_class: two-class bound with the runner-up (α split between both bounds).
+      models: model names, evaluated on the same noisy images.
+      seed: root seed; num_inputs: inputs certified (taken from the agreement set, in pool order).
+      batch: inputs per engine call (a unit of progress and of resumption; fixed schedule).
+      dtype: compute dtype of generator and classifiers (``float32`` or ``bfloat16``).
+      schedule: ``fixed`` (Cohen's n for every input) or ``sequential`` (anytime-valid
+        checkpoints up to n, `cbcert.certify.sequential`; inputs stop early, records add
+        ``samples`` and ``stop_reason``).
+      target_radius, radius_tolerance: the sequential stopping rules (`Stopping`; certify).
+      first_checkpoint, checkpoint_ratio, final_alpha_share: the sequential checkpoints and
+        levels (`Schedule.geometric`; None = its default).
+    """
+
+    noise: Literal["gaussian", "bernoulli", "fixed"]
+    scale: float
+    mode: Literal["certify", "predict"] = "certify"
+    n0: int = 100
+    n: int = 1000
+    alpha: float = 0.001
+    two_class: bool = False
+    models: tuple[str, ...] = ("std", "cbm", "proto")
+    seed: int = 0
+    num_inputs: int = 100
+    batch: int = 10
+    dtype: str = "float32"
+    schedule: Literal["fixed", "sequential"] = "fixed"
+    target_radius: float | None = None
+    radius_tolerance: float | None = None
+    first_checkpoint: int | None = None
+    checkpoint_ratio: float | None = None
+    final_alpha_share: float | None = None
+
+    def __post_init__(self) -> None:
+        self.smoothing.check(self.scale)
+        validate("alpha", self.alpha, key="alpha")
+        if self.mode == "certify":
+            validate_sample_sizes(self.n0, self.n)
+        else:
+            validate("samples", self.n, key="n")
+        for key in ("num_inputs", "batch"):
+            validate("count", getattr(self, key), key=key)
+        validate("seed", self.seed, key="seed")
+        check_models(self.models)
+        if self.mode == "predict" and self.two_class:
+            detail = ("PREDICT has no two-class form (its binomial test already compares the "
+                      "top two counts); use it with certify")
+            raise ConfigError(f"two_class=True: {detail}", key="two_class", value=True,
+                              detail=detail)
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        check_settings(self.schedule, mode=self.mode,
+                       **{key: getattr(self, key) for key in SEQUENTIAL_KEYS})
+
+    def pinned(self) -> dict[str, Any]:
+        """The settings ``run.json`` pins: the sequential keys only in sequential runs, so that
+        fixed-schedule run directories made before they existed still resume."""
+        settings = asdict(self)
+        if self.schedule == "fixed":
+            for key in ("schedule", *SEQUENTIAL_KEYS):
+                del settings[key]
+        return settings
+
+    def plan(self) -> Schedule:
+        """The checkpoints and levels of this job (`Schedule.fixed` for the fixed schedule)."""
+        return Schedule.of(self.schedule, self.n, self.alpha, first=self.first_checkpoint,
+                           ratio=self.checkpoint_ratio, final_share=self.final_alpha_share)
+
+    @property
+    def stopping(self) -> Stopping:
+        return Stopping(self.target_radius, self.radius_tolerance)
+
+    @property
+    def smoothing(self) -> Smoothing:
+        """This job's noise and certificate (`cbcert.certify.smoothing`)."""
+        return smoothing(self.noise)
+
+    @property
+    def space(self) -> str:
+        return self.smoothing.space
+
+    @property
+    def hamming(self) -> bool:
+        return self.smoothing.hamming
+
+
+def check_models(models: tuple[str, ...], minimum: int = 1) -> None:
+    """Raise `ConfigError` (key ``models``) unless ``models`` has ≥ ``minimum`` distinct names."""
+    if len(set(models)) != len(models) or len(models) < minimum:
+        need = f"at least {minimum} distinct models" if minimum > 1 else "each model once"
+        detail = f"got {','.join(models)!r}; name {need}"
+        raise ConfigError(f"models={list(models)}: {detail}", key="models", value=models,
+                          detail=detail)
+
+
+# Record fields and their JSON types (bool is not an int here); None marks "or null".
+_RECORD_TYPES: dict[str, tuple] = {
+    "index": (int,), "model": (str,), "label": (int,), "true_label": (int, None),
+    "prediction": (int,), "count_top": (int,), "count_runner_up": (int,),
+    "correct": (bool,), "seconds": (int, float),
+}
+_CERTIFY_TYPES = {"p_lower": (int, float), "p_upper": (int, float), "radius": (int, float, None)}
+_PREDICT_TYPES = {"p_value": (int, float)}
+# Sequential runs only (fixed-schedule records stay as they were).
+_SEQUENTIAL_TYPES = {"samples": (int,), "stop_reason": (str,)}
+_SEQUENTIAL_CERTIFY_TYPES = {"certified_samples": (int,)}
+
+
+def records_of(path: Path, job: CertifyJob, indices) -> list[dict]:
+    """The checked records of a certification run: one per (input, model) of ``job``.
+
+    Raises `RecordsError` for a malformed line, an input index not among ``indices``, a model
+    not in ``job.models``, a field of the wrong type, or two different records of one key.
+    """
+    indices = set(map(int, indices))
+    models = set(job.models)
+    types = {**_RECORD_TYPES, **(_CERTIFY_TYPES if job.mode == "certify" else _PREDICT_TYPES)}
+    if job.schedule == "sequential":
+        types.update(_SEQUENTIAL_TYPES)
+        if job.mode == "certify":
+            types.update(_SEQUENTIAL_CERTIFY_TYPES)
+
+    def check(record: dict) -> None:
+        check_types(record, types)
+        check_field(record, "index", indices, "an input of this run")
+        check_field(record, "model", models, f"one of the run's models {sorted(models)}")
+        if job.schedule == "sequential":
+            check_field(record, "stop_reason", set(STOP_REASONS), f"one of {STOP_REASONS}")
+
+    return read_records(path, key=lambda r: (r["index"], r["model"]), check=check)
+
+
+def run(
+    world,
+    job: CertifyJob,
+    out: str | Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
+    preflight: bool = False,
+) -> dict[str, Any]:
+    """Certify (or predict) every model of ``job`` on the agreement pool; resumable.
+
+    Writes ``run.json`` (settings), appends ``records.jsonl`` (one line per input and model:
+    index, model, label, true_label, prediction, count_top, count_runner_up, p_lower, p_upper
+    or p_value, radius, correct, seconds) and finally ``summary.json``. ``seconds`` is the wall
+    time of the input's batch divided by its size (all models share the generated images).
+
+    With ``job.schedule == "sequential"`` the estimation samples run through the continuous
+    sampler (``cbcert.engine.continuous``) over all unfinished inputs at once; an input's
+    records are appended when every model has stopped, with ``samples`` (estimation samples
+    the model used), ``stop_reason`` and, certify only, ``certified_samples`` (``n_k`` of the
+    reported bound); ``seconds`` is its share of the selection pass plus the time of the
+    chunks its samples ran in.
+
+    ``preflight``: first `check_certifiable` (n large enough for α, a reachable target), then,
+    for a fresh sequential run, count ``min(n, 64)`` samples of the first ``min(8,
+    num_inputs)`` inputs and raise `ConfigError` (key ``sigma``/``rho``/``flips``) if every
+    model is hopeless on every one of them (`cbcert.certify.sequential.pilot_hopeless`). The
+    fixed schedule runs no pilot: it behaves exactly as it always has.
+
+    Returns the summary dict (per model metrics).
+    """
+    out = Path(out)
+    check_writable(out)
+    with hold(out):
+        return _run(world, job, out, progress, chunk_size, max_memory, preflight)
+
+
+def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
+         preflight: bool = False) -> dict[str, Any]:
+    k = world.generator.num_concepts
+    if preflight:
+        check_certifiable(job, k)
+    open_run_dir(out, {"job": job.pinned(), "world": world.name})
+    memory = dict(chunk_size=chunk_size, max_memory=max_memory)
+    pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
+    records_path = out / RECORDS
+    records = records_of(records_path, job, pool.indices)
+    done = {(r["index"], r["model"]) for r in records}
+    todo = [
+        n
+        for n in range(job.num_inputs)
+        if any((int(pool.indices[n]), m) not in done for m in job.models)
+    ]
+
+    params = world.params
+    if job.dtype == "bfloat16":
+        params = jax.tree.map(
+            lambda a: a.astype("bfloat16") if np.issubdtype(a.dtype, np.floating) else a, params
+        )
+    apply_fn = world.apply(job.space, job.models)
+    inputs = space_inputs(world, pool.latents, job.space, **memory)
+    noise = job.smoothing.noise(k)
+    rule = job.smoothing.radius_rule(job.scale, k) if job.mode == "certify" else None
+    root = jax.random.key(job.seed)
+    common = dict(
+        num_classes=world.num_classes,
+        chunk_size=chunk_size,
+        max_memory=max_memory,
+        progress=False,
+        dtype="bfloat16" if job.dtype == "bfloat16" else None,
+    )
+
+    if preflight and job.schedule == "sequential" and not records:
+        _pilot(job, apply_fn, params, inputs, noise, stream_key(root, Stream.ESTIMATE), common)
+    finished = job.num_inputs - len(todo)
+    if progress:
+        progress(finished, job.num_inputs)
+    batches = range(0, len(todo), job.batch) if job.schedule == "fixed" else ()
+    with append_records(records_path) as sink:
+        if job.schedule == "sequential" and todo:
+            model = _Model(apply_fn, params, noise, rule, root, common)
+            _run_sequential(job, pool, np.asarray(todo), done, inputs, model, sink,
+                            progress, finished)
+        for b in batches:
+            rows = np.asarray(todo[b : b + job.batch])
+            idx = pool.indices[rows]
+            start = time.perf_counter()
+            counts = count_classes(
+                apply_fn,
+                params,
+                inputs[rows],
+                noise,
+                job.scale,
+                stream_key(root, Stream.ESTIMATE),
+                job.n,
+                indices=idx,
+                **common,
+            )
+            if job.mode == "certify":
+                counts0 = count_classes(
+                    apply_fn,
+                    params,
+                    inputs[rows],
+                    noise,
+                    job.scale,
+                    stream_key(root, Stream.SELECT),
+                    job.n0,
+                    indices=idx,
+                    **common,
+                )
+            seconds = (time.perf_counter() - start) / len(rows)
+            for h, model in enumerate(job.models):
+                if job.mode == "certify":
+                    result = certify_counts(
+                        counts0[:, h], counts[:, h], job.alpha, rule, two_class=job.two_class
+                    )
+                    extra = {
+                        "p_lower": result.p_lower,
+                        "p_upper": result.p_upper,
+                        "radius": result.radius,
+                    }
+                else:
+                    result = predict_counts(counts[:, h], job.alpha)
+                    extra = {"p_value": result.p_value}
+                for r, row in enumerate(rows):
+                    if (int(pool.indices[row]), model) in done:
+                        continue
+                    record = {
+                        "index": int(pool.indices[row]),
+                        "model": model,
+                        "label": int(pool.labels[row]),
+                        "true_label": None
+                        if pool.true_labels is None
+                        else int(pool.true_labels[row]),
+                        "prediction": int(result.prediction[r]),
+                        "count_top": int(result.count_top[r]),
+                        "count_runner_up": int(result.count_runner_up[r]),
+                        **{key: finite_or_none(value[r]) for key, value in extra.items()},
+                        "correct": bool(result.prediction[r] == pool.labels[row]),
+                        "seconds": seconds,
+                    }
+                    sink.write(json_line(record))
+            sink.flush()
+            finished += len(rows)
+            if progress:
+                progress(finished, job.num_inputs)
+
+    summary = summarize_records(records_of(records_path, job, pool.indices), job, k)
+    summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
+    write_json(out / SUMMARY, summary)
+    return summary
+
+
+def check_certifiable(job: CertifyJob, num_concepts: int) -> None:
+    """Raise `ConfigError` if ``job`` cannot certify (or predict) anything, before sampling.
+
+    Even unanimous votes must give a certificate at some checkpoint (``n`` too small for ``α``
+    otherwise: key ``n``), and ``target_radius`` must not exceed the largest radius the
+    schedule can certify (key ``target_radius``). Saturated one-class L2 needs
+    ``n >= ⌈ln α / ln Φ(r/σ)⌉`` for radius r: ``n = 1000`` caps R/σ at 2.463 at α = 0.001.
+    """
+    schedule = job.plan()
+    if job.mode == "predict":
+        if not any(binomial_test_half(c, c) <= a
+                   for c, a in zip(schedule.checkpoints, schedule.alphas, strict=True)):
+            detail = (f"n = {job.n} samples cannot make PREDICT significant at α = "
+                      f"{job.alpha:g} even when unanimous; raise n")
+            raise ConfigError(f"key 'n': {detail}", key="n", value=job.n, detail=detail)
+        return
+    rule = job.smoothing.radius_rule(job.scale, num_concepts)
+    largest = largest_radius(schedule, rule, two_class=job.two_class)
+    final = schedule.alphas[-1]
+    if np.isnan(largest):
+        need = samples_needed(0.0, final, rule, two_class=job.two_class)
+        detail = (f"n = {job.n} samples cannot certify any radius at α = {job.alpha:g}: even "
+                  f"unanimous votes abstain; n >= {need} needed")
+        raise ConfigError(f"key 'n': {detail}", key="n", value=job.n, detail=detail)
+    target = job.target_radius
+    if target is not None and target > largest:
+        need = samples_needed(target, final, rule, two_class=job.two_class)
+        unit = "" if job.hamming else f" (R/{job.smoothing.symbol} = {largest / job.scale:.4g})"
+        detail = (f"got {target:g}, but n = {job.n} at α = {job.alpha:g} certifies at most "
+                  f"{largest:.4g}{unit}; "
+                  + (f"n >= {need} needed" if need else "no n < 2**31 reaches it"))
+        raise ConfigError(f"key 'target_radius': {detail}", key="target_radius",
+                          value=target, detail=detail)
+
+
+# Pilot of the pre-flight check: the first inputs' first estimation samples.
+_PILOT_INPUTS, _PILOT_SAMPLES = 8, 64
+
+
+def _pilot(job: CertifyJob, apply_fn, params, inputs, noise, key, common) -> None:
+    """Raise `ConfigError` (the scale's key) if every model is hopeless on a pilot."""
+    count, samples = min(_PILOT_INPUTS, len(inputs)), min(_PILOT_SAMPLES, job.n)
+    counts = count_classes(apply_fn, params, inputs[:count], noise, job.scale, key, samples,
+                           **common)  # [count, H, C]
+    hopeless = pilot_hopeless(counts, job.n, job.alpha, mode=job.mode,
+                              two_class=job.two_class)  # [count, H]
+    if hopeless.all():
+        kind = job.smoothing
+        what = "certify (pA_lower >= 1/2)" if job.mode == "certify" else "predict significantly"
+        detail = (f"every model abstains at {kind.key} = {job.scale:g}: on a pilot of {samples} "
+                  f"samples of {count} inputs no model could {what} at n = {job.n}, "
+                  f"α = {job.alpha:g} even if its top class kept its most optimistic rate; "
+                  f"use a smaller {kind.key} or a larger n")
+        raise ConfigError(f"key '{kind.key}': {detail}", key=kind.key, value=job.scale,
+                          detail=detail)
+
+
+@dataclass(frozen=True)
+class _Model:
+    """What the sampler needs besides the inputs: the models, noise, radius rule and keys."""
+
+    apply_fn: Callable
+    params: Any
+    noise: Any
+    rule: Any
+    root: Any
+    common: dict
+
+
+def _run_sequential(job: CertifyJob, pool, rows: np.ndarray, done: set, inputs, model: _Model,
+                    sink, progress, finished: int) -> None:
+    """Sequential CERTIFY/PREDICT of inputs ``rows`` (continuous batching); appends records."""
+    idx = pool.indices[rows]
+    schedule = job.plan()
+    memory = {k: model.common[k] for k in ("num_classes", "chunk_size", "max_memory", "dtype")}
+    start = time.perf_counter()
+    if job.mode == "certify":
+        select = count_classes(model.apply_fn, model.params, inputs[rows], model.noise,
+                               job.scale, stream_key(model.root, Stream.SELECT), job.n0,
+                               indices=idx, **model.common)  # [T, H, C]
+        trackers = [SequentialCertifier(select[:, h], schedule, model.rule,
+                                        stopping=job.stopping, two_class=job.two_class)
+                    for h in range(len(job.models))]
+    else:
+        trackers = [SequentialPredictor(len(rows), schedule) for _ in job.models]
+    select_seconds = (time.perf_counter() - start) / len(rows)
+
+    def decide(local, k, counts):  # [m], [m, H, C]
+        stop = np.ones(len(local), bool)
+        for h, tracker in enumerate(trackers):
+            stop &= tracker.step(local, k, counts[:, h])
+        return stop
+
+    def write(local, counts, samples, seconds):
+        nonlocal finished
+        for h, name in enumerate(job.models):
+            result = trackers[h].results(local)
+            for r, row in enumerate(rows[local]):
+                if (int(pool.indices[row]), name) in done:
+                    continue
+                record = _sequential_record(pool, row, name, result, r)
+                record["seconds"] = select_seconds + float(seconds[r])
+                sink.write(json_line(record))
+        sink.flush()
+        finished += len(local)
+        if progress:
+            progress(finished, job.num_inputs)
+
+    count_classes_sequential(model.apply_fn, model.params, inputs[rows], model.noise, job.scale,
+                             stream_key(model.root, Stream.ESTIMATE), schedule.checkpoints,
+                             decide, indices=idx, finished=write, **memory)
+
+
+def _sequential_record(pool, row: int, model: str, result, r: int) -> dict:
+    """One record of a sequential run (fields as the fixed schedule's, plus the stop)."""
+    record = {
+        "index": int(pool.indices[row]),
+        "model": model,
+        "label": int(pool.labels[row]),
+        "true_label": None if pool.true_labels is None else int(pool.true_labels[row]),
+        "prediction": int(result.prediction[r]),
+        "count_top": int(result.count_top[r]),
+        "count_runner_up": int(result.count_runner_up[r]),
+    }
+    if hasattr(result, "radius"):
+        record.update(p_lower=finite_or_none(result.p_lower[r]),
+                      p_upper=finite_or_none(result.p_upper[r]),
+                      radius=finite_or_none(result.radius[r]),
+                      certified_samples=int(result.certified_samples[r]))
+    else:
+        record["p_value"] = finite_or_none(result.p_value[r])
+    record.update(correct=bool(result.prediction[r] == pool.labels[row]),
+                  samples=int(result.samples[r]), stop_reason=str(result.stop_reason[r]))
+    return record
+
+
+def summarize_records(records: list[dict], job: CertifyJob, num_concepts: int) -> dict:
+    """Per-model metrics (SmAcc, ACR or ACR-H, CA curve, abstain rate, time/input) from records.
+
+    Records are sorted by input index first, so the summary does not depend on resumption.
+    """
+    grid = job.smoothing.radius_grid(job.scale, num_concepts)
+    result: dict[str, Any] = {
+        "mode": job.mode,
+        "noise": job.noise,
+        "scale": job.scale,
+        "models": {},
+    }
+    for model in job.models:
+        rows = sorted((r for r in records if r["model"] == model), key=lambda r: r["index"])
+        labels = np.array([r["label"] for r in rows], np.int64)
+        preds = np.array([r["prediction"] for r in rows], np.int64)
+        seconds = np.array([r["seconds"] for r in rows], np.float64)
+        entry: dict[str, Any] = {
+            "num_inputs": len(rows),
+            "smoothed_accuracy": metrics.smoothed_accuracy(labels, preds),
+            "abstain_rate": metrics.abstain_rate(preds),
+            "seconds_per_input": metrics.mean_time_per_input(seconds),
+        }
+        if rows and rows[0].get("true_label") is not None:
+            true = np.array([r["true_label"] for r in rows], np.int64)
+            entry["smoothed_accuracy_true_label"] = metrics.smoothed_accuracy(true, preds)
+        if job.mode == "certify":
+            radii = np.array([np.nan if r["radius"] is None else r["radius"] for r in rows])
+            s = metrics.summarize(labels, preds, radii, seconds, grid, hamming=job.hamming)
+            entry["acr"] = s.acr
+            entry["radius_grid"] = s.radius_grid.tolist()
+            entry["certified_accuracy"] = s.certified_accuracy.tolist()
+        if job.schedule == "sequential":
+            used = [r["samples"] for r in rows]
+            entry["samples_total"] = int(sum(used))
+            entry["samples_per_input"] = float(np.mean(used)) if used else None
+            entry["stop_reasons"] = {reason: sum(r["stop_reason"] == reason for r in rows)
+                                     for reason in STOP_REASONS}
+        result["models"][model] = entry
+    if job.schedule == "sequential":
+        result["samples"] = _samples_drawn(records, job)
+    return result
+
+
+def _samples_drawn(records: list[dict], job: CertifyJob) -> dict[str, Any]:
+    """Samples drawn per input (selection ``n0`` plus the estimation samples of the model that
+    stopped last: all models share every sample), their total, mean and rate per second."""
+    drawn: dict[int, int] = {}
+    seconds: dict[int, float] = {}
+    selection = job.n0 if job.mode == "certify" else 0
+    for r in records:
+        drawn[r["index"]] = max(drawn.get(r["index"], 0), selection + r["samples"])
+        seconds[r["index"]] = r["seconds"]
+    total, wall = sum(drawn.values()), sum(seconds.values())
+    return {"total": total, "per_input": total / len(drawn) if drawn else None,
+            "per_second": total / wall if wall > 0 else None,
+            "fixed_schedule_per_input": selection + job.n}
+
+
+__all__ = ["ABSTAIN", "CertifyJob", "check_certifiable", "check_models", "records_of", "run",
+           "summarize_records"]

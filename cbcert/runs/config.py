@@ -1,0 +1,293 @@
+"""Typed, frozen experiment configs loaded from YAML presets in ``configs/``.
+
+An `ExperimentConfig` has one section per command: ``world`` (which generated inputs),
+``latent`` (Gaussian latent smoothing), ``concept`` (Bernoulli / fixed-count concept-flip
+smoothing), ``perturb`` (empirical PFR/CFR/DFS protocol) and ``attack`` (APGD). Defaults follow
+SPEC §3–§5. Named presets work like flax gemma's ``TransformerConfig.from_version_name``:
+``ExperimentConfig.from_preset_name("smoke")``; a YAML file may start from one with a top-level
+``preset: <name>`` key and override individual keys::
+
+    preset: default
+    world: {seed: 0, num_inputs: 1000}
+    latent: {sigmas: [0.12, 0.25, 0.5], alpha: 0.001}
+
+Every section validates itself on construction (types, ranges, ``n0 <= n``), so a config that
+exists is valid. The same range rules are exposed to the CLI through `validate` and
+`validate_sample_sizes`, so a flag and a YAML key can never disagree about what is allowed.
+Errors are `ConfigError` (a ``ValueError``) naming the file, section, key, value and the
+allowed values.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from cbcert.certify.sequential import SEQUENTIAL_KEYS, check_settings
+from cbcert.schema import ConfigError, Section, rule, short_repr, shorten, validate_sample_sizes
+
+_MODELS = ("std", "cbm", "proto")
+# Keys added after sweep directories existed, with their defaults: written to manifests only
+# when set, so an older sweep still resumes and the reference run stays byte-identical.
+_SCHEDULE_DEFAULTS = types.MappingProxyType({"schedule": "fixed", **dict.fromkeys(SEQUENTIAL_KEYS)})
+_INTEGER_KEYS = ("first_checkpoint",)
+
+
+class _Schedule:
+    """The certification schedule keys of a section (``schedule``, `SEQUENTIAL_KEYS`)."""
+
+    _later_keys: Mapping[str, Any] = _SCHEDULE_DEFAULTS
+
+    def _check_schedule(self) -> None:
+        for key in SEQUENTIAL_KEYS:  # None or a number; Section's checks know no optionals
+            value = getattr(self, key)
+            integer = key in _INTEGER_KEYS
+            if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+                if value is not None and not integer:
+                    object.__setattr__(self, key, float(value))
+                continue
+            if isinstance(value, float) and not integer:
+                continue
+            kind = "an integer" if integer else "a number"
+            detail = f"expected {kind} or null, got {type(value).__name__} {short_repr(value)}"
+            raise ConfigError(f"key '{key}': {detail}", key=key, value=value, detail=detail)
+        check_settings(self.schedule, **{key: getattr(self, key) for key in SEQUENTIAL_KEYS})
+
+    def to_dict(self) -> dict[str, Any]:
+        """`Section.to_dict` without the later keys left at their defaults (``_later_keys``)."""
+        later = self._later_keys
+        return {k: v for k, v in super().to_dict().items() if k not in later or v != later[k]}
+
+
+@dataclass(frozen=True)
+class WorldConfig(Section):
+    """Which generated inputs: generator/classifier world preset, root seed, pool size."""
+
+    preset: str = "default"
+    seed: int = field(default=0, metadata=rule("seed"))
+    num_inputs: int = field(default=1000, metadata=rule("count"))
+
+
+@dataclass(frozen=True)
+class LatentConfig(_Schedule, Section):
+    """Gaussian latent smoothing (SPEC §4): σ values, Monte Carlo sizes, confidence, schedule.
+
+    ``schedule: sequential`` certifies with anytime-valid checkpoints up to ``n``
+    (`cbcert.certify.sequential`), tuned by ``target_radius``, ``radius_tolerance``,
+    ``first_checkpoint``, ``checkpoint_ratio``, ``final_alpha_share`` (null = default/off).
+    """
+
+    sigmas: tuple[float, ...] = field(default=(0.1,), metadata=rule("sigma", nonempty=True))
+    n0: int = field(default=100, metadata=rule("samples"))
+    n: int = field(default=1000, metadata=rule("samples"))
+    alpha: float = field(default=0.001, metadata=rule("alpha"))
+    two_class: bool = False
+    models: tuple[str, ...] = field(default=_MODELS, metadata={"nonempty": True})
+    schedule: Literal["fixed", "sequential"] = "fixed"
+    target_radius: float | None = None
+    radius_tolerance: float | None = None
+    first_checkpoint: int | None = None
+    checkpoint_ratio: float | None = None
+    final_alpha_share: float | None = None
+
+    def __post_init__(self) -> None:
+        self._check_schedule()
+        super().__post_init__()
+        validate_sample_sizes(self.n0, self.n, n0_label="key 'n0'", n_label="key 'n'")
+
+
+@dataclass(frozen=True)
+class ConceptConfig(_Schedule, Section):
+    """Concept-flip smoothing (SPEC §4): Bernoulli ρ values and fixed flip counts m.
+
+    ``two_class`` and the schedule keys as in `LatentConfig`.
+    """
+
+    _later_keys = types.MappingProxyType({**_SCHEDULE_DEFAULTS, "two_class": False})
+
+    rhos: tuple[float, ...] = field(default=(0.2,), metadata=rule("rho", nonempty=True))
+    flips: tuple[int, ...] = field(default=(), metadata=rule("count"))
+    n0: int = field(default=100, metadata=rule("samples"))
+    n: int = field(default=1000, metadata=rule("samples"))
+    alpha: float = field(default=0.001, metadata=rule("alpha"))
+    models: tuple[str, ...] = field(default=_MODELS, metadata={"nonempty": True})
+    two_class: bool = False
+    schedule: Literal["fixed", "sequential"] = "fixed"
+    target_radius: float | None = None
+    radius_tolerance: float | None = None
+    first_checkpoint: int | None = None
+    checkpoint_ratio: float | None = None
+    final_alpha_share: float | None = None
+
+    def __post_init__(self) -> None:
+        self._check_schedule()
+        super().__post_init__()
+        validate_sample_sizes(self.n0, self.n, n0_label="key 'n0'", n_label="key 'n'")
+
+
+@dataclass(frozen=True)
+class PerturbConfig(Section):
+    """Empirical protocol (SPEC §3): latent budgets ε, concept budgets τ, k subsets of n."""
+
+    eps: tuple[float, ...] = field(default=(0.05, 0.1, 0.3, 0.5, 0.8), metadata=rule("eps"))
+    tau: tuple[int, ...] = field(default=(1, 2, 5, 10), metadata=rule("count"))
+    subsets: int = field(default=5, metadata=rule("subsets"))
+    subset_size: int = field(default=200, metadata=rule("count"))
+    samples: int = field(default=1, metadata=rule("samples"))
+    ball: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.eps and not self.tau:
+            raise ConfigError("keys 'eps' and 'tau': at least one budget is needed, both empty")
+
+
+@dataclass(frozen=True)
+class AttackConfig(Section):
+    """APGD-CE through generator and classifier (SPEC §5)."""
+
+    space: Literal["latent", "concept"] = "latent"
+    eps: tuple[float, ...] = field(default=(0.01, 0.03), metadata=rule("eps", nonempty=True))
+    norm: Literal["linf", "l2"] = "linf"
+    iters: int = field(default=100, metadata=rule("count"))
+    restarts: int = field(default=1, metadata=rule("count"))
+    smoothed: bool = False
+    # Noise samples per gradient of the smoothed classifier's expected softmax (EOT).
+    eot: int = field(default=8, metadata=rule("samples"))
+    # Agreement inputs attacked (APGD is far costlier per input than certification).
+    inputs: int = field(default=64, metadata=rule("count"))
+    # Smoothing scale of smoothed attacks: σ for space latent, ρ for space concept; PREDICT
+    # then uses the n and alpha of the latent or concept section.
+    sigma: float = field(default=0.25, metadata=rule("sigma"))
+    rho: float = field(default=0.2, metadata=rule("rho"))
+
+
+_SECTIONS: Mapping[str, type[Section]] = types.MappingProxyType(
+    {
+        "world": WorldConfig,
+        "latent": LatentConfig,
+        "concept": ConceptConfig,
+        "perturb": PerturbConfig,
+        "attack": AttackConfig,
+    }
+)
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A whole experiment: one typed section per command (all sections always present)."""
+
+    name: str = "default"
+    world: WorldConfig = WorldConfig()
+    latent: LatentConfig = LatentConfig()
+    concept: ConceptConfig = ConceptConfig()
+    perturb: PerturbConfig = PerturbConfig()
+    attack: AttackConfig = AttackConfig()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"key 'name': expected a non-empty string, got "
+                              f"{short_repr(self.name)}", key="name", value=self.name)
+        for section, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, section), cls):
+                raise ConfigError(
+                    f"section '{section}': expected {cls.__name__}, "
+                    f"got {type(getattr(self, section)).__name__}"
+                )
+
+    def check_sections(self, sections: tuple[str, ...]) -> None:
+        """Checks across sections, for the sections a sweep runs only.
+
+        An attack-only file is not refused for the perturb defaults it never uses.
+        """
+        if "perturb" in sections and self.perturb.subset_size > self.world.num_inputs:
+            raise ConfigError(
+                f"section 'perturb', key 'subset_size': {self.perturb.subset_size} exceeds "
+                f"world.num_inputs={self.world.num_inputs}; the agreement set cannot be larger "
+                "than the pool"
+            )
+
+    @classmethod
+    def from_preset_name(cls, preset: str) -> ExperimentConfig:
+        """A named preset (`PRESETS`), like gemma's ``TransformerConfig.from_version_name``."""
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset {short_repr(preset)} (known: {', '.join(PRESETS)})")
+        return PRESETS[preset]()
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ExperimentConfig:
+        """Build from a mapping shaped like the YAML files (see `load_config`)."""
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}")
+        allowed = ["preset", "name", *_SECTIONS]
+        for key in data:
+            if key not in allowed:
+                raise ConfigError(f"unknown section {short_repr(key)} "
+                                  f"(allowed: {', '.join(allowed)})")
+        preset = data.get("preset", "default")
+        if not isinstance(preset, str):
+            raise ConfigError(f"key 'preset': expected str, got {type(preset).__name__} "
+                              f"{short_repr(preset)}")
+        base = cls.from_preset_name(preset)
+        sections = {}
+        for section, section_cls in _SECTIONS.items():
+            overrides = data.get(section, {})
+            merged = {**getattr(base, section).to_dict(), **_mapping(overrides, section)}
+            sections[section] = section_cls.from_dict(merged, section=section)
+        return cls(name=data.get("name", base.name), **sections)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict for the run manifest; ``from_dict(to_dict())`` round-trips."""
+        return {"name": self.name, **{s: getattr(self, s).to_dict() for s in _SECTIONS}}
+
+
+def _mapping(data: Any, section: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"section '{section}': expected a mapping, got {type(data).__name__} {short_repr(data)}"
+        )
+    return data
+
+
+def _smoke() -> ExperimentConfig:
+    """Seconds on a laptop CPU: tiny pools and sample counts, for tests and first runs."""
+    return ExperimentConfig(
+        name="smoke",
+        world=WorldConfig(num_inputs=32),
+        latent=LatentConfig(n0=10, n=100),
+        concept=ConceptConfig(n0=10, n=100, flips=(1,)),
+        perturb=PerturbConfig(eps=(0.1, 0.5), tau=(1, 2), subsets=2, subset_size=8),
+        attack=AttackConfig(eps=(0.03,), iters=10),
+    )
+
+
+PRESETS: Mapping[str, Callable[[], ExperimentConfig]] = types.MappingProxyType(
+    {"default": ExperimentConfig, "smoke": _smoke}
+)
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Load and validate an experiment YAML file; errors are prefixed with the file path."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read config file ({error.strerror})") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}); save it as UTF-8") \
+            from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({shorten(str(error))})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply") from None
+    try:
+        return ExperimentConfig.from_dict(data)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None

@@ -1,0 +1,392 @@
+"""Empirical robustness runs (SPEC §3): pool → agreement set → perturbations → records → table.
+
+A run perturbs the first M inputs of the std/cbm agreement set of a generated pool at every
+geometric budget ε (``z̃ = z + ε u``, u uniform on the unit sphere or in the unit ball) and every
+semantic budget τ (flip τ uniformly chosen concepts of ``c = E(g1(z))``), evaluates every model
+on the clean and the perturbed images, and appends one JSONL record per input to
+``<budget>.jsonl`` (e.g. ``eps0.3.jsonl``, ``tau5.jsonl``) as each batch of inputs finishes.
+``summary.json`` is rebuilt from the records only: k random subsets of n agreement inputs,
+mean ± sd over subsets of CFR, PFR per model and DFS, paired t-tests of PFR differences,
+Holm–Bonferroni over every test of the run (`protocol.build_table`).
+
+Clean references: the geometric clean image is ``g(z) = g2(D(E(g1(z))))``; the semantic one is
+the autoencoded ``g2(D(E(g1(z))))`` (SPEC §1). With the `Generator` protocol both are the same
+image, so one agreement set serves every budget; each record still stores the clean predictions
+of its own kind.
+
+Noise: sample j of global pool input i at any budget of one kind comes from
+``sample_key(fold_in(root, Stream.GEOMETRIC or SEMANTIC), i, j)``. Sharing the draw across
+the budgets of a kind (common random numbers) means an input moves in the same direction at
+every ε and flips nested concept sets at every τ (``FixedFlips`` ranks concepts by one random
+permutation), so differences between budgets are not sampling noise; each budget on its own has
+exactly the distribution of SPEC §1. Records depend only on ``(seed, i, j)`` and the batch an
+input falls in (batches are fixed blocks of the agreement set), so a resumed run writes the same
+records and summary as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cbcert.concepts import concept_state
+from cbcert.engine.keys import Stream, stream_key
+from cbcert.engine.noise import FixedFlips, SphereShift
+from cbcert.engine.sampler import map_inputs, map_samples
+from cbcert.robustness import protocol, stats
+from cbcert.runs.certify import check_models
+from cbcert.runs.directory import (
+    append_records,
+    check_field,
+    check_writable,
+    hold,
+    json_line,
+    open_run_dir,
+    read_records,
+    write_json,
+)
+from cbcert.runs.pool import agreement_pool, encode_inputs
+from cbcert.schema import ConfigError, validate, value_name
+
+CONCEPT_MODELS = ("cbm", "cbmh")
+SUMMARY = "summary.json"  # = runs.directory.SUMMARY
+
+
+@dataclass(frozen=True)
+class PerturbJob:
+    """Settings of one empirical robustness run.
+
+    Attributes:
+      eps: geometric budgets ε > 0 (latent L2 shift norms).
+      tau: semantic budgets τ >= 1 (numbers of flipped concepts, at most K of the world).
+      models: models evaluated on the same images; PFR differences compare ``models[0]`` with
+        each other model, so at least two are needed.
+      seed: root seed of the pool, the noise and the subsets.
+      samples: perturbations per input and budget, S >= 1.
+      ball: ε-shifts uniform in the ball instead of on the sphere.
+      num_subsets: k >= 2 subsets of the paired design; subset_size: n >= 1 inputs per subset.
+      num_inputs: M agreement inputs perturbed (the subsets are drawn among them), >= n;
+        0 means the default 2 n, so that subsets overlap by about half.
+      batch: inputs per engine call (unit of progress and resumption).
+    """
+
+    eps: tuple[float, ...] = (0.05, 0.1, 0.3, 0.5, 0.8)
+    tau: tuple[int, ...] = (1, 2, 5, 10)
+    models: tuple[str, ...] = ("std", "cbm", "proto")
+    seed: int = 0
+    samples: int = 1
+    ball: bool = False
+    num_subsets: int = 5
+    subset_size: int = 200
+    num_inputs: int = 0
+    batch: int = 100
+
+    def __post_init__(self):
+        object.__setattr__(self, "eps", tuple(float(e) for e in self.eps))
+        object.__setattr__(self, "tau", tuple(int(t) for t in self.tau))
+        object.__setattr__(self, "models", tuple(self.models))
+        if self.num_inputs == 0:
+            object.__setattr__(self, "num_inputs", 2 * self.subset_size)
+        if not self.eps and not self.tau:
+            raise _error("eps", (), "give at least one budget (eps or tau)")
+        for key, budgets, rule in (("eps", self.eps, "eps"), ("tau", self.tau, "count")):
+            for value in budgets:
+                validate(rule, value, key=key)
+            if len(set(budgets)) != len(budgets):
+                raise _error(key, budgets, f"give each budget once, got {list(budgets)}")
+        check_models(self.models, minimum=2)
+        validate("seed", self.seed, key="seed")
+        validate("samples", self.samples, key="samples")
+        validate("subsets", self.num_subsets, key="num_subsets")
+        for key in ("subset_size", "batch"):
+            validate("count", getattr(self, key), key=key)
+        if self.num_inputs < self.subset_size:
+            raise _error("num_inputs", self.num_inputs,
+                         f"got {self.num_inputs}, allowed range [subset_size="
+                         f"{self.subset_size}, inf)")
+
+    @property
+    def budgets(self) -> tuple[tuple[str, float], ...]:
+        """``(kind, value)`` of every budget, geometric first."""
+        return tuple(("eps", e) for e in self.eps) + tuple(("tau", t) for t in self.tau)
+
+    @property
+    def concept_models(self) -> tuple[str, ...]:
+        """Requested models with concept scores r, whose DFS is reported."""
+        return tuple(m for m in self.models if m in CONCEPT_MODELS)
+
+    def settings(self) -> dict[str, Any]:
+        """What the records depend on (everything but the budget lists), JSON-ready."""
+        d = asdict(self)
+        del d["eps"], d["tau"]
+        return {**d, "models": list(self.models)}
+
+
+@dataclass(frozen=True)
+class PerturbResult:
+    """Outcome of a run: table rows (for `protocol.table_cells`) and the JSON summary."""
+
+    rows: tuple[protocol.BudgetRow, ...]
+    summary: dict[str, Any]
+
+
+def _error(key: str, value, detail: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r}: {detail}", key=key, value=value, detail=detail)
+
+
+def budget_name(kind: str, value: float) -> str:
+    """File stem of a budget's records: ``eps0.3``, ``tau5`` (exact: `value_name`)."""
+    return f"{kind}{value_name(value)}"
+
+
+def observer(world, space: str, models: tuple[str, ...], scores: bool) -> Callable:
+    """Pure ``observe(params, x[B, *event]) -> dict`` of what a record needs about an image.
+
+    ``x`` is a latent ``z[B, d]`` (space ``latent``: image ``g(z)``, concepts ``c = E(g1(z))``)
+    or a concept representation ``c[B, 2K + U]`` (space ``concept``: image ``g2(D(c))``).
+
+    Returns ``{"pred": int32[B, H] argmax of every model, "state": bool[B, K] = C(c)}`` plus
+    ``"scores": [B, K]`` the CBM's concept scores r (for DFS) when ``scores``.
+    """
+    gen = world.generator
+    k = gen.num_concepts
+
+    def observe(params, x):
+        c = x if space == "concept" else gen.concepts(params["gen"], x)  # [B, 2K + U]
+        image = gen.image_from_concepts(params["gen"], c)  # [B, H, W, 3]
+        logits = world.classify(params["clf"], image, models)  # [B, H, C]
+        out = {"pred": jnp.argmax(logits, axis=-1).astype(jnp.int32),
+               "state": concept_state(c, k)}
+        if scores:
+            out["scores"] = world.concept_scores(params["clf"], image)  # [B, K]
+        return out
+
+    return observe
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """Everything one kind of budget (geometric or semantic) needs, built once per run."""
+
+    inputs: np.ndarray  # [M, *event] in the perturbation space
+    noise: Any
+    key: jax.Array
+    clean: Callable  # observe, for `map_inputs`
+    perturbed: Callable  # map_samples body: observe on the noisy inputs
+
+
+def _kinds(world, job: PerturbJob, latents: np.ndarray, root: jax.Array,
+           memory: dict) -> dict[str, _Kind]:
+    scores = bool(job.concept_models)
+    kinds = {}
+    for kind, space in (("eps", "latent"), ("tau", "concept")):
+        observe = observer(world, space, job.models, scores)
+        if kind == "eps":
+            inputs, noise = latents, SphereShift(ball=job.ball)
+            key = stream_key(root, Stream.GEOMETRIC)
+        else:
+            inputs = encode_inputs(world, latents, **memory)
+            noise = FixedFlips(world.generator.num_concepts)
+            key = stream_key(root, Stream.SEMANTIC)
+        kinds[kind] = _Kind(inputs, noise, key, observe,
+                            lambda params, x_clean, x_noisy, f=observe: f(params, x_noisy))
+    return kinds
+
+
+def _bits(state: np.ndarray) -> str:
+    return "".join("1" if s else "0" for s in state)
+
+
+def _records(job: PerturbJob, pool, rows: np.ndarray, clean: dict, perturbed: dict) -> list[dict]:
+    """JSON records of a batch: clean/perturbed predictions, concept states, flips, DFS."""
+    dfs = None
+    if "scores" in clean:
+        dfs = stats.decision_shifts(clean["scores"], perturbed["scores"])  # [B, S]
+    flips = stats.concept_flip_counts(clean["state"], perturbed["state"])  # [B, S]
+    records = []
+    for b, row in enumerate(rows):
+        samples = []
+        for s in range(job.samples):
+            sample = {
+                "pred": dict(zip(job.models, map(int, perturbed["pred"][b, s]), strict=True)),
+                "concepts": _bits(perturbed["state"][b, s]),
+                "concept_flips": int(flips[b, s]),
+            }
+            if dfs is not None:
+                sample["dfs"] = float(dfs[b, s])
+            samples.append(sample)
+        records.append({
+            "index": int(pool.indices[row]),
+            "label": int(pool.labels[row]),
+            "clean": {"pred": dict(zip(job.models, map(int, clean["pred"][b]), strict=True)),
+                      "concepts": _bits(clean["state"][b])},
+            "samples": samples,
+        })
+    return records
+
+
+def check_budgets(job: PerturbJob, num_concepts: int) -> None:
+    """Raise `ConfigError` (key ``tau``) if a budget flips more than the world's K concepts."""
+    for t in job.tau:
+        if t > num_concepts:
+            raise _error("tau", t, f"got {t}, allowed range [1, K={num_concepts}] (concepts of "
+                                   "the world)")
+
+
+def run(
+    world,
+    job: PerturbJob,
+    out: str | Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
+) -> PerturbResult:
+    """Perturb the agreement inputs at every budget of ``job``, write records and the summary.
+
+    Resumable: inputs already recorded in ``<out>/<budget>.jsonl`` are skipped (only whole
+    batches are recomputed, so records stay bit-identical). ``run.json`` pins the settings
+    except the budget lists, so a rerun may add budgets to a finished run.
+
+    Args:
+      world: a `cbcert.worlds.world.World` offering ``std``, ``cbm`` and ``job.models``.
+      job: the run's settings.
+      out: output directory.
+      progress: ``callback(done, total)`` over (budget, input) pairs.
+      chunk_size, max_memory: passed to the engine (``sampler.map_samples``).
+
+    Returns:
+      The table rows and the summary written to ``summary.json`` (see `summarize`).
+    """
+    world.check_models(job.models)
+    world.check_models(("std", "cbm"))
+    k = world.generator.num_concepts
+    check_budgets(job, k)
+    out = Path(out)
+    check_writable(out)
+    with hold(out):
+        open_run_dir(out, {"settings": job.settings(), "world": world.name})
+        memory = dict(chunk_size=chunk_size, max_memory=max_memory)
+        pool = agreement_pool(world, job.seed, job.num_inputs, space="latent", **memory)
+        kinds = _kinds(world, job, pool.latents, jax.random.key(job.seed), memory)
+        blocks = [np.arange(s, min(s + job.batch, job.num_inputs))
+                  for s in range(0, job.num_inputs, job.batch)]
+        total, finished = len(job.budgets) * job.num_inputs, 0
+        for kind, value in job.budgets:
+            path = out / f"{budget_name(kind, value)}.jsonl"
+            done = {r["index"] for r in budget_records(path, job, pool.indices)}
+            spec = kinds[kind]
+            with append_records(path) as sink:
+                for rows in blocks:
+                    todo = [row for row in rows if int(pool.indices[row]) not in done]
+                    if todo:
+                        clean = map_inputs(spec.clean, world.params, spec.inputs[rows], **memory)
+                        perturbed = map_samples(
+                            spec.perturbed, world.params, spec.inputs[rows], spec.noise, value,
+                            spec.key, job.samples, indices=pool.indices[rows], **memory,
+                        )
+                        for record in _records(job, pool, rows, clean, perturbed):
+                            if record["index"] not in done:
+                                sink.write(json_line(record))
+                        sink.flush()
+                    finished += len(rows)
+                    if progress:
+                        progress(finished, total)
+
+        result = summarize(out, job, pool.indices, k)
+        result.summary["pool"] = {"agreement_inputs": job.num_inputs,
+                                  "pool_size": pool.pool_size}
+        write_json(out / SUMMARY, result.summary)
+        return result
+
+
+def budget_records(path: Path, job: PerturbJob, indices) -> list[dict]:
+    """The checked records of one budget file: one per agreement input of the run.
+
+    Raises `RecordsError` for a malformed line, an index that is not an input of the run, a
+    record missing a model's prediction, or two different records for one input.
+    """
+    indices = set(map(int, indices))
+    models = list(job.models)
+
+    def check(record: dict) -> None:
+        check_field(record, "index", indices, "an input of this run")
+        for where in (record["clean"]["pred"], *(s["pred"] for s in record["samples"])):
+            if sorted(where) != sorted(models):
+                raise ValueError(f"predictions for {sorted(where)}, the run's models are "
+                                 f"{sorted(models)}")
+        if len(record["samples"]) != job.samples:
+            raise ValueError(f"{len(record['samples'])} samples, the run draws {job.samples}")
+
+    return read_records(path, key=lambda r: r["index"], check=check)
+
+
+def measurement(records: Sequence[dict], job: PerturbJob, kind: str, value: float,
+                num_concepts: int) -> protocol.BudgetMeasurement:
+    """Per-input flips and shifts of one budget from its records, in agreement-set order.
+
+    Records must cover the agreement inputs exactly once each; they are sorted by pool index
+    (the agreement set is in increasing pool order).
+    """
+    records = sorted(records, key=lambda r: r["index"])
+    pred_clean = np.array([[r["clean"]["pred"][m] for m in job.models] for r in records])  # [M, H]
+    pred_pert = np.array([[[s["pred"][m] for m in job.models] for s in r["samples"]]
+                          for r in records])  # [M, S, H]
+    flips = np.array([[s["concept_flips"] for s in r["samples"]] for r in records])  # [M, S]
+    shifts = {}
+    if job.concept_models:
+        dfs = np.array([[s["dfs"] for s in r["samples"]] for r in records])  # [M, S]
+        shifts = {m: dfs for m in job.concept_models}
+    return protocol.BudgetMeasurement(
+        kind=kind,
+        value=value,
+        prediction_flips={m: stats.prediction_flips(pred_clean[:, h], pred_pert[:, :, h])
+                          for h, m in enumerate(job.models)},
+        concept_flips=flips,
+        num_concepts=num_concepts,
+        decision_shifts=shifts,
+    )
+
+
+def summarize(out: str | Path, job: PerturbJob, agreement_indices: np.ndarray,
+              num_concepts: int) -> PerturbResult:
+    """The table of a finished run from its records (analysis separate from sampling).
+
+    Subsets: ``protocol.draw_subsets(M, k, n, seed=(job.seed, Stream.SUBSETS))``. Comparisons:
+    ``PFR[models[0]] − PFR[m]`` for every other model m, Holm-corrected over all budgets and
+    comparisons. DFS of ``cbm`` and ``cbmh`` is the same number, ``‖r(x) − r(x̃)‖₂`` of the
+    shared PCBM concept scores.
+
+    The summary is ``{"settings", "budgets": [row.to_dict()...], "subsets": [[pool indices]]}``.
+    """
+    out = Path(out)
+    expected = set(map(int, agreement_indices))
+    measurements = []
+    for kind, value in job.budgets:
+        records = budget_records(out / f"{budget_name(kind, value)}.jsonl", job, expected)
+        if {r["index"] for r in records} != expected:
+            raise ValueError(f"{out}: records of {budget_name(kind, value)} do not cover the "
+                             f"{len(expected)} agreement inputs exactly once; rerun to finish")
+        measurements.append(measurement(records, job, kind, value, num_concepts))
+    subsets = protocol.draw_subsets(len(expected), num_subsets=job.num_subsets,
+                                    subset_size=job.subset_size,
+                                    seed=(job.seed, int(Stream.SUBSETS)))
+    first = job.models[0]
+    rows = protocol.build_table(measurements, subsets,
+                                comparisons=[(first, m) for m in job.models[1:]])
+    return PerturbResult(rows, {
+        "settings": {**job.settings(), "eps": list(job.eps), "tau": list(job.tau)},
+        "budgets": [row.to_dict() for row in rows],
+        "subsets": np.asarray(agreement_indices)[subsets].tolist(),
+    })
+
+
+__all__ = [
+    "PerturbJob", "PerturbResult", "check_budgets", "measurement", "observer", "run", "summarize",
+]

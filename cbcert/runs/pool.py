@@ -1,0 +1,140 @@
+"""The input pool of a run and its agreement set (SPEC §3), shared by every runner.
+
+``z_i ~ N(0, I)`` is drawn from ``fold_in(fold_in(root, Stream.POOL), i)``; the agreement set is
+the pool inputs on which ``f_std`` and ``f_cbm`` predict the same class on the clean image, that
+class being the reference label. Certification, perturbation and attack runs with the same seed
+use the same inputs. Every generator and classifier call here goes through the engine's
+memory-bounded `map_inputs`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from cbcert.engine.keys import Stream, stream_key
+from cbcert.engine.sampler import map_inputs
+from cbcert.schema import ConfigError
+from cbcert.worlds.world import clean_predictor
+
+
+class PoolTooSmallError(ConfigError):
+    """Too few generated inputs have std and cbm agreeing for the number of inputs asked."""
+
+    def __init__(self, message: str):
+        super().__init__(message, key="num_inputs")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The agreement set of a generated input pool (SPEC §3).
+
+    Attributes:
+      indices: ``[M]`` pool indices where ``f_std`` and ``f_cbm`` agree on the clean image.
+      labels: ``[M]`` the shared clean prediction, the reference label.
+      true_labels: ``[M]`` ground-truth classes when the world knows them, else None.
+      latents: ``[M, d]`` their latents.
+      pool_size: how many latents were generated to find them.
+    """
+
+    indices: np.ndarray
+    labels: np.ndarray
+    true_labels: np.ndarray | None
+    latents: np.ndarray
+    pool_size: int
+
+
+def pool_latents(world, seed: int, start: int, count: int) -> np.ndarray:
+    """Latents ``z_i ~ N(0, I)``, i in ``[start, start + count)``: ``[count, d]``.
+
+    ``z_i`` is drawn from ``fold_in(fold_in(root, Stream.POOL), i)``, so the pool is the same
+    whatever its size or the block in which an index is generated.
+    """
+    key = stream_key(jax.random.key(seed), Stream.POOL)
+    d = world.generator.latent_dim
+    draw = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (d,)))
+    return np.asarray(draw(np.arange(start, start + count)))
+
+
+def agreement_pool(
+    world,
+    seed: int,
+    num_inputs: int,
+    *,
+    space: str = "latent",
+    block: int = 256,
+    max_pool: int | None = None,
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
+) -> Pool:
+    """First ``num_inputs`` pool inputs on which ``std`` and ``cbm`` agree on the clean image.
+
+    For concept-space runs the clean image is the autoencoded ``g2(D(E(g1(z))))`` (SPEC §1).
+    Latents are searched in blocks of ``block``; each block is classified by the engine in
+    chunks within ``max_memory`` (or of ``chunk_size``), so a large generator never renders a
+    whole block at once. Raises ValueError if fewer are found among ``max_pool`` (default
+    ``20 · num_inputs``) latents.
+    """
+    max_pool = max_pool or max(20 * num_inputs, block)
+    params = world.params
+    predict = clean_predictor(world, space, ("std", "cbm"))
+
+    found_idx, found_lab, found_z = [], [], []
+    start = 0
+    while sum(map(len, found_idx)) < num_inputs and start < max_pool:
+        z = pool_latents(world, seed, start, block)
+        pred = map_inputs(predict, params, z, chunk_size=chunk_size,
+                          max_memory=max_memory)  # [B, 2]
+        agree = np.flatnonzero(pred[:, 0] == pred[:, 1])
+        found_idx.append(start + agree)
+        found_lab.append(pred[agree, 0])
+        found_z.append(z[agree])
+        start += block
+    indices = np.concatenate(found_idx)[:num_inputs]
+    if len(indices) < num_inputs:
+        raise PoolTooSmallError(
+            f"only {len(indices)} of {start} generated inputs have std and cbm agreeing, "
+            f"fewer than the {num_inputs} inputs asked for"
+        )
+    latents = np.concatenate(found_z)[:num_inputs]
+    true = None
+    if world.true_label is not None:
+        true = map_inputs(_true_labels(world), params, latents, chunk_size=chunk_size,
+                          max_memory=max_memory)
+    return Pool(
+        indices=indices,
+        labels=np.concatenate(found_lab)[:num_inputs],
+        true_labels=true,
+        latents=latents,
+        pool_size=start,
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _true_labels(world) -> Callable:
+    """``(params, z[B, d]) -> int32[B]`` ground-truth classes (one object per world: one jit)."""
+    return lambda params, z: world.true_label(params["gen"], z)
+
+
+def space_inputs(world, latents: np.ndarray, space: str, *, chunk_size: int | None = None,
+                 max_memory: int | None = None) -> np.ndarray:
+    """The inputs a space's noise perturbs: the latents ``z`` (``latent``) or ``c = E(g1(z))``."""
+    if space == "latent":
+        return latents
+    return encode_inputs(world, latents, chunk_size=chunk_size, max_memory=max_memory)
+
+
+def encode_inputs(world, latents: np.ndarray, *, chunk_size: int | None = None,
+                  max_memory: int | None = None) -> np.ndarray:
+    """``c = E(g1(z))`` of every latent, in memory-bounded chunks: ``[N, d] -> [N, 2K + U]``."""
+    return map_inputs(_encoder(world), world.params, latents, chunk_size=chunk_size,
+                      max_memory=max_memory)
+
+
+@functools.lru_cache(maxsize=32)
+def _encoder(world) -> Callable:
+    return world.encode_latents

@@ -1,0 +1,392 @@
+"""Sweeps: expand an `ExperimentConfig` into runner cells, run them all, resumably.
+
+A config becomes a list of *cells*, each one run of an existing runner in its own directory
+``<out>/<cell>/``:
+
+* ``latent``: one `CertifyJob` (Gaussian, Cohen ``CERTIFY``) per σ — ``latent-sigma0.25``;
+* ``concept``: one per Bernoulli ρ — ``concept-rho0.2`` — and one per fixed flip count m —
+  ``concept-flips2``;
+* ``perturb``: one `PerturbJob` with every ε and τ budget — ``perturb``;
+* ``attack``: one `AttackJob` for the section's (space, smoothed) pair — ``attack-latent`` or
+  ``attack-latent-smoothed-sigma0.25`` (``attack-concept-smoothed-rho0.2``).
+
+Inputs: certification and perturbation cells use the first ``world.num_inputs`` inputs of the
+std/cbm agreement set drawn from ``world.seed``; the attack cell the first ``attack.inputs`` of
+the same set. Models: certification cells use their section's ``models``; perturbation and
+attack cells ``std, cbm, proto`` (PFR differences are std − other). Smoothed attacks judge with
+``PREDICT`` using the ``n`` and ``alpha`` of the latent (or concept) section.
+
+Resumption is the runners': a rerun re-enters every cell, and each skips its finished inputs, so
+a sweep killed at any point (even ``kill -9`` mid-write: torn JSONL lines are dropped) ends with
+the summaries of an uninterrupted one. ``manifest.json`` (written before the first cell) pins
+the resolved config; a rerun with another config into the same directory is refused.
+
+Shards (``certify sweep --shard I/N``, for machines that share a filesystem but no JAX job):
+`assign_shards` deals the cells to N shards by their `cell_cost` (largest first, each to the
+least loaded shard), the same way on every machine. A shard runs only its cells, each under its
+own cell lock, and takes no lock on the sweep directory; the first shard to start writes
+``manifest.json`` (`write_json_once`), the others check theirs against it. So shards never write
+the same file, and the union of their cell directories is the unsplit sweep's. `sweep_status`
+lists every cell as done (``summary.json``), running (its lock is held) or missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from cbcert.certify.sequential import SEQUENTIAL_KEYS
+from cbcert.certify.smoothing import of_space
+from cbcert.runs import attack as attack_runner
+from cbcert.runs import certify as certify_runner
+from cbcert.runs import perturb as perturb_runner
+from cbcert.runs.config import ConfigError, ExperimentConfig
+from cbcert.runs.directory import (
+    LOCK,
+    SUMMARY,
+    RecordsError,
+    RunMismatchError,
+    check_writable,
+    hold,
+    lock_holder,
+    on_coordinator,
+    read_json,
+    write_json_once,
+)
+from cbcert.schema import value_name
+
+SECTIONS = ("latent", "concept", "perturb", "attack")
+MANIFEST = "manifest.json"
+# The runners' default models; the agreement set itself needs std and cbm.
+EMPIRICAL_MODELS = ("std", "cbm", "proto")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One runner invocation of a sweep.
+
+    Attributes:
+      name: directory name under the sweep's output directory.
+      kind: which runner: ``certify``, ``perturb`` or ``attack``.
+      job: the runner's settings (`CertifyJob`, `PerturbJob` or `AttackJob`).
+    """
+
+    name: str
+    kind: Literal["certify", "perturb", "attack"]
+    job: Any
+
+
+def sections_in_file(path: str | Path) -> tuple[str, ...]:
+    """Sections a YAML config asks to sweep: those it names, or all four if it names none.
+
+    A file with only a ``latent:`` section sweeps σ only, although the loaded config (filled
+    from its preset) has every section.
+    """
+    data = yaml.safe_load(Path(path).read_bytes().decode("utf-8")) or {}
+    named = tuple(s for s in SECTIONS if isinstance(data, dict) and s in data)
+    return named or SECTIONS
+
+
+def plan_cells(config: ExperimentConfig, sections: Sequence[str] = SECTIONS) -> tuple[Cell, ...]:
+    """The cells of a sweep, in run order (latent, concept, perturb, attack).
+
+    Raises:
+      ConfigError: ``sections`` names something other than latent, concept, perturb, attack.
+    """
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        raise ConfigError(f"sections {unknown}: allowed {', '.join(SECTIONS)}")
+    config.check_sections(tuple(sections))
+    w = config.world
+    cells: list[Cell] = []
+    if "latent" in sections:
+        c = config.latent
+        for sigma in c.sigmas:
+            job = certify_runner.CertifyJob(
+                noise="gaussian", scale=sigma, n0=c.n0, n=c.n, alpha=c.alpha,
+                two_class=c.two_class, models=c.models, seed=w.seed, num_inputs=w.num_inputs,
+                **_schedule(c))
+            cells.append(Cell(f"latent-sigma{value_name(sigma)}", "certify", job))
+    if "concept" in sections:
+        c = config.concept
+        common = dict(n0=c.n0, n=c.n, alpha=c.alpha, models=c.models, seed=w.seed,
+                      num_inputs=w.num_inputs, two_class=c.two_class, **_schedule(c))
+        for rho in c.rhos:
+            job = certify_runner.CertifyJob(noise="bernoulli", scale=rho, **common)
+            cells.append(Cell(f"concept-rho{value_name(rho)}", "certify", job))
+        for m in c.flips:
+            job = certify_runner.CertifyJob(noise="fixed", scale=m, **common)
+            cells.append(Cell(f"concept-flips{m}", "certify", job))
+    if "perturb" in sections:
+        p = config.perturb
+        job = perturb_runner.PerturbJob(
+            eps=p.eps, tau=p.tau, models=EMPIRICAL_MODELS, seed=w.seed, samples=p.samples,
+            ball=p.ball, num_subsets=p.subsets, subset_size=p.subset_size,
+            num_inputs=w.num_inputs)
+        cells.append(Cell("perturb", "perturb", job))
+    if "attack" in sections:
+        cells.append(_attack_cell(config))
+    return tuple(cells)
+
+
+def _schedule(section) -> dict[str, Any]:
+    """The certification schedule settings of a latent or concept section."""
+    return {key: getattr(section, key) for key in ("schedule", *SEQUENTIAL_KEYS)}
+
+
+def _attack_cell(config: ExperimentConfig) -> Cell:
+    a = config.attack
+    predict = getattr(config, a.space)  # the PREDICT n and α of the latent or concept section
+    name = f"attack-{a.space}"
+    scale = None
+    if a.smoothed:
+        key = of_space(a.space).key
+        scale = getattr(a, key)
+        name += f"-smoothed-{key}{value_name(scale)}"
+    job = attack_runner.AttackJob(
+        space=a.space, eps=a.eps, norm=a.norm, iters=a.iters, restarts=a.restarts,
+        smoothed=a.smoothed, scale=scale, eot=a.eot, n=predict.n, alpha=predict.alpha,
+        models=EMPIRICAL_MODELS, seed=config.world.seed, num_inputs=a.inputs)
+    return Cell(name, "attack", job)
+
+
+def check_cells(cells: Sequence[Cell], world) -> None:
+    """Raise ValueError naming the config key if a cell cannot run on ``world``.
+
+    Checked before any cell runs, so a bad model name or τ > K fails in a second, not after
+    an hour of earlier cells.
+    """
+    for cell in cells:
+        section = cell.name.split("-")[0]
+        try:
+            world.check_models(cell.job.models)
+        except ValueError as error:
+            where = "key 'models'" if cell.kind == "certify" else f"models {cell.job.models}"
+            raise ConfigError(f"section '{section}', {where}: {error}") from None
+        if cell.kind == "perturb":
+            try:
+                perturb_runner.check_budgets(cell.job, world.generator.num_concepts)
+            except ValueError as error:
+                raise ConfigError(f"section 'perturb', key 'tau': {error}") from None
+
+
+def git_revision() -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding this package, or None outside git."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+            text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None
+
+
+def manifest(config: ExperimentConfig, cells: Sequence[Cell], world) -> dict[str, Any]:
+    """The run manifest: resolved config, cells, seed, world, versions, devices, git revision."""
+    import flax
+    import jax
+    import numpy as np
+
+    import cbcert
+
+    return {
+        "config": config.to_dict(),
+        "cells": [{"name": c.name, "kind": c.kind} for c in cells],
+        "seed": config.world.seed,
+        "world": world.name,
+        "versions": {"cbcert": cbcert.__version__, "jax": jax.__version__,
+                     "flax": flax.__version__, "numpy": np.__version__},
+        "devices": [str(d) for d in jax.devices()],
+        "git_revision": git_revision(),
+    }
+
+
+def _write_manifest(out: Path, meta: dict[str, Any]) -> None:
+    """Write ``manifest.json``, or refuse if the one there describes another sweep.
+
+    Written once (`write_json_once`): shards starting together never both write it. In a
+    multi-host job process 0 does this and the others share its outcome.
+    """
+    on_coordinator(lambda: _pin_manifest(out, meta))
+
+
+def _pin_manifest(out: Path, meta: dict[str, Any]) -> None:
+    path = out / MANIFEST
+    pinned = ("config", "cells", "world")
+    out.mkdir(parents=True, exist_ok=True)
+    if write_json_once(path, meta):
+        return
+    previous = read_json(path)
+    if not isinstance(previous, dict):
+        raise RecordsError(f"{path}: damaged, expected a JSON object")
+    if {k: previous.get(k) for k in pinned} != {k: meta[k] for k in pinned}:
+        raise RunMismatchError(
+            f"--out {out} holds a sweep of another config or world "
+            f"({previous.get('config', {}).get('name')}); use another --out or delete it")
+
+
+def run_sweep(
+    config: ExperimentConfig,
+    out: str | Path,
+    *,
+    sections: Sequence[str] = SECTIONS,
+    load_world: Callable[[str], Any],
+    progress: Callable[[str], Callable[[int, int], None] | None] | None = None,
+    on_cell: Callable[[Cell, Any], None] | None = None,
+    shard: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """Run every cell of ``config`` (or of one shard) into ``<out>/<cell>/``; rerunning resumes.
+
+    Args:
+      config: the experiment.
+      out: sweep directory (gets ``manifest.json`` and one directory per cell).
+      sections: which sections to sweep (`sections_in_file` for a YAML file).
+      load_world: ``preset -> World``, e.g. `cbcert.worlds.builtin.load_builtin`; injected so that
+        tests can pass ``untrained_world``.
+      progress: ``cell name -> callback(done, total)`` (or None) for each cell's runner.
+      on_cell: called with ``(cell, summary)`` after each cell finishes.
+      shard: ``(i, n)``: run only the cells `assign_shards` gives shard i of n, without
+        locking ``out`` itself (each cell is locked by its runner), so that the other shards
+        can run into the same ``out`` at the same time.
+
+    Returns:
+      ``{cell name: summary dict}`` of the cells run (for perturb cells, the summary of its
+      `PerturbResult`).
+
+    Raises:
+      ConfigError: a cell cannot run on the world (unknown model, τ > K).
+      RunMismatchError: ``out`` holds another sweep or a cell directory other settings.
+      RunLockedError: another process is running a sweep or cell in ``out``.
+    """
+    out = Path(out)
+    cells = plan_cells(config, sections)
+    mine = cells if shard is None else shard_cells(cells, *shard)
+    world = load_world(config.world.preset)
+    check_cells(cells, world)
+    check_writable(out)
+    with hold(out) if shard is None else contextlib.nullcontext():
+        _write_manifest(out, manifest(config, cells, world))
+        summaries = {}
+        for cell in mine:
+            callback = progress(cell.name) if progress else None
+            run_cell = {"certify": certify_runner.run, "perturb": perturb_runner.run,
+                        "attack": attack_runner.run}[cell.kind]
+            summary = run_cell(world, cell.job, out / cell.name, progress=callback)
+            if cell.kind == "perturb":
+                summary = summary.summary
+            summaries[cell.name] = summary
+            if on_cell:
+                on_cell(cell, summary)
+        return summaries
+
+
+def cell_cost(cell: Cell) -> float:
+    """Estimated work of a cell in network passes (generator + one classifier per model).
+
+    Certification: inputs × (n0 + n) noisy samples, each through the generator and the H
+    models (``(1 + H)`` passes). Perturbation: inputs × samples × budgets perturbed images plus
+    the clean ones, ``(1 + H)`` passes each. Attack: per input, model and ε, restarts × iters
+    APGD steps of a forward and backward pass (≈ 3 passes) through generator and model, times
+    ``eot`` when smoothed, plus PREDICT's n samples at the clean and adversarial points. Only
+    the ratios between cells matter (`assign_shards`).
+    """
+    job = cell.job
+    heads = len(job.models)
+    if cell.kind == "certify":
+        samples = job.n + (job.n0 if job.mode == "certify" else 0)
+        return float(job.num_inputs * samples * (1 + heads))
+    if cell.kind == "perturb":
+        images = job.num_inputs * (job.samples * len(job.budgets) + 2)
+        return float(images * (1 + heads))
+    steps = job.restarts * job.iters * 3 * 2 * (job.eot if job.smoothed else 1)
+    predict = 2 * job.n * 2 if job.smoothed else 2
+    return float(job.num_inputs * len(job.eps) * heads * (steps + predict))
+
+
+def check_shard(index: int, count: int) -> None:
+    """Raise `ConfigError` (key ``shard``) unless ``0 <= index < count``."""
+    if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
+        detail = f"got {index}/{count}; give I/N with N >= 1 and 0 <= I < N"
+        raise ConfigError(f"shard={index}/{count}: {detail}", key="shard",
+                          value=(index, count), detail=detail)
+
+
+def assign_shards(cells: Sequence[Cell], count: int) -> tuple[int, ...]:
+    """The shard of every cell: largest `cell_cost` first, each to the least loaded shard.
+
+    Deterministic (ties go to the earlier cell and the lower shard), so every machine computes
+    the same assignment from the same config; every cell gets exactly one shard, and no shard
+    exceeds the average load by more than the largest cell's cost (greedy LPT scheduling).
+    """
+    check_shard(0, count)
+    costs = [cell_cost(cell) for cell in cells]
+    loads = [0.0] * count
+    shards = [0] * len(cells)
+    for i in sorted(range(len(cells)), key=lambda i: (-costs[i], i)):
+        shards[i] = min(range(count), key=lambda s: (loads[s], s))
+        loads[shards[i]] += costs[i]
+    return tuple(shards)
+
+
+def shard_cells(cells: Sequence[Cell], index: int, count: int) -> tuple[Cell, ...]:
+    """The cells of shard ``index`` of ``count``, in plan order."""
+    check_shard(index, count)
+    return tuple(c for c, s in zip(cells, assign_shards(cells, count), strict=True) if s == index)
+
+
+@dataclass(frozen=True)
+class CellStatus:
+    """Where a cell of a sweep stands (`sweep_status`).
+
+    Attributes:
+      name: the cell's directory name.
+      state: ``done`` (its ``summary.json`` exists), ``running`` (a process holds its lock)
+        or ``missing`` (neither: not started, or interrupted).
+      detail: who runs it (host, pid, since), or how many records an interrupted cell has.
+      shard: its shard when the status was asked for N shards, else None.
+    """
+
+    name: str
+    state: Literal["done", "running", "missing"]
+    detail: str
+    shard: int | None = None
+
+
+def sweep_status(out: str | Path, cells: Sequence[Cell],
+                 shards: int | None = None) -> tuple[CellStatus, ...]:
+    """The state of every cell of a sweep in ``out``, read from its cell directories.
+
+    Reads only: ``summary.json``, the cell's lock (probed with `lock_holder`, so a lock file
+    left by a killed run counts as not held) and the number of JSONL record lines.
+    """
+    out = Path(out)
+    assigned = assign_shards(cells, shards) if shards else (None,) * len(cells)
+    result = []
+    for cell, shard in zip(cells, assigned, strict=True):
+        where = out / cell.name
+        holder = lock_holder(where, LOCK)
+        if holder is not None:
+            detail = ", ".join(f"{k} {holder[k]}" for k in ("host", "pid", "started")
+                               if k in holder) or str(holder.get("holder", "unknown holder"))
+            result.append(CellStatus(cell.name, "running", detail, shard))
+        elif (where / SUMMARY).is_file():
+            result.append(CellStatus(cell.name, "done", "", shard))
+        else:
+            lines = sum(path.read_bytes().count(b"\n") for path in where.glob("*.jsonl"))
+            detail = f"interrupted, {lines} records" if lines else (
+                "started, no records yet" if where.is_dir() else "not started")
+            result.append(CellStatus(cell.name, "missing", detail, shard))
+    return tuple(result)
+
+
+__all__ = [
+    "MANIFEST", "SECTIONS", "Cell", "CellStatus", "assign_shards", "cell_cost", "check_cells",
+    "check_shard", "git_revision", "manifest", "plan_cells", "run_sweep", "sections_in_file",
+    "shard_cells", "sweep_status",
+]

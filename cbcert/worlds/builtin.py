@@ -1,0 +1,145 @@
+"""The embedded default world: the procedural generator plus the shipped trained classifiers.
+
+Weights live in ``cbcert/worlds/weights/<preset>/``, a checkpoint of kind
+``"world-classifiers"`` in cbcert's one format (``cbcert.io.checkpoint``: orbax params and a
+manifest of sha256 hashes, checked at load time, plus the world config they were trained for
+and their metrics). ``certify train world`` re-creates them from a seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from cbcert.generators.concept_world import ConceptWorldConfig, make_world
+from cbcert.io import checkpoint
+from cbcert.models.world_nets import HEADS, NetConfig, WorldClassifiers
+from cbcert.schema import shorten
+from cbcert.worlds.world import World
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+KIND = "world-classifiers"
+
+
+def weights_path(preset: str) -> Path:
+    """Directory of the shipped weights of a world preset."""
+    return WEIGHTS_DIR / preset
+
+
+def net_config_for(config: ConceptWorldConfig) -> NetConfig:
+    """Classifier architecture for a world configuration."""
+    return NetConfig(num_classes=config.num_classes, num_concepts=config.num_concepts)
+
+
+def abstract_classifiers(net_config: NetConfig):
+    """``(graphdef, state)`` of the classifiers without allocating weights."""
+    model = nnx.eval_shape(lambda: WorldClassifiers(net_config, rngs=nnx.Rngs(0)))
+    return nnx.split(model)
+
+
+def classifier_functions(graphdef, state):
+    """Pure ``classify(params, x, names)`` and ``concept_scores(params, x)`` for the engine."""
+
+    def module(params) -> WorldClassifiers:
+        s = jax.tree.map(lambda v: v, state)
+        nnx.replace_by_pure_dict(s, params)
+        return nnx.merge(graphdef, s)
+
+    def classify(params, x, names):
+        return module(params).heads(x, tuple(names))
+
+    def concept_scores(params, x):
+        return module(params).concept_scores(x)
+
+    return classify, concept_scores
+
+
+def load_builtin(preset: str = "default", weights: str | Path | None = None) -> World:
+    """Load a built-in world preset with its trained classifiers.
+
+    Args:
+      preset: world preset (``ConceptWorldConfig.from_preset``).
+      weights: checkpoint directory; default the shipped one for ``preset``.
+    Raises:
+      ValueError (``CheckpointError``) if the weights are missing, corrupted or do not match.
+    """
+    config = ConceptWorldConfig.from_preset(preset)
+    path = Path(weights) if weights is not None else weights_path(preset)
+    if not (path / checkpoint.MANIFEST).is_file():
+        raise checkpoint.CheckpointError(
+            f"no trained weights for world preset {preset!r} at {path}; "
+            f"train them with `certify train world --preset {preset}`"
+        )
+    manifest = checkpoint.read_manifest(path)
+    if manifest.get("kind") != KIND:
+        raise checkpoint.CheckpointError(
+            f"{path}: kind={shorten(repr(manifest.get('kind')), 80)}, not {KIND!r}; "
+            f"train world weights with `certify train world --preset {preset}`"
+        )
+    trained_for = manifest.get("world_config")
+    if trained_for != _config_dict(config):
+        raise checkpoint.CheckpointError(
+            f"{path}: weights were trained for world {shorten(repr(trained_for))}, "
+            f"not for preset {preset!r}"
+        )
+    graphdef, state = abstract_classifiers(net_config_for(config))
+    params, manifest = checkpoint.load(path, nnx.to_pure_dict(state), manifest)
+    return _assemble(f"builtin:{preset}", make_world(config), graphdef, state, params,
+                     {"weights": str(path), "metrics": manifest.get("metrics", {})})
+
+
+def untrained_world(preset: str = "default", seed: int = 0) -> World:
+    """A built-in world with randomly initialised classifiers (for tests and benchmarks).
+
+    Same generator and architectures as ``load_builtin`` but no checkpoint: predictions are
+    meaningless, shapes, determinism and speed are not. The standard head is standardised on
+    256 generated images (zero-mean, unit-variance logits: a raw random head predicts one class
+    almost everywhere), and the PCBM is set to reproduce it exactly (CAV k = column k of the
+    standard head, concept head = diag(‖V_k‖)), so std and cbm agree on the whole pool.
+    """
+    config = ConceptWorldConfig.from_preset(preset)
+    model = WorldClassifiers(net_config_for(config), rngs=nnx.Rngs(seed))
+    graphdef, state = nnx.split(model)
+    params = nnx.to_pure_dict(state)
+    c = config.num_classes
+    world = make_world(config)
+    gen = world.generator
+    z = world.sample_latents(jax.random.key(seed), 256)
+    e = model.embed(gen.image(gen.params, z))  # [256, E]
+    logits = e @ params["std_head"]["kernel"] + params["std_head"]["bias"]
+    scale = 1.0 / jnp.std(logits, axis=0)
+    kernel = params["std_head"]["kernel"] * scale
+    bias = (params["std_head"]["bias"] - jnp.mean(logits, axis=0)) * scale
+    params["std_head"] = {"kernel": kernel, "bias": bias}  # [E, C], [C]
+    cav = params["pcbm"]["cav"].at[:c].set(kernel.T)
+    cav_bias = params["pcbm"]["cav_bias"].at[:c].set(bias)
+    head = jnp.zeros_like(params["pcbm"]["head"]["kernel"]).at[:c].set(
+        jnp.diag(jnp.linalg.norm(kernel, axis=0)))
+    params["pcbm"] = {**params["pcbm"], "cav": cav, "cav_bias": cav_bias,
+                      "head": {"kernel": head, "bias": jnp.zeros((c,))}}
+    return _assemble(f"untrained:{preset}", world, graphdef, state, params, {"weights": None})
+
+
+def _assemble(name: str, world, graphdef, state, params, metadata: dict) -> World:
+    """The ``World`` of a concept world and its classifiers' parameters."""
+    classify, concept_scores = classifier_functions(graphdef, state)
+    return World(
+        name=name,
+        generator=world.generator,
+        classify=classify,
+        concept_scores=concept_scores,
+        classifier_params=params,
+        model_names=HEADS,
+        class_names=world.class_names,
+        true_label=world.label_of,
+        metadata=metadata,
+    )
+
+
+def _config_dict(config) -> dict:
+    from dataclasses import asdict
+
+    return asdict(config)

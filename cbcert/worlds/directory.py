@@ -1,0 +1,305 @@
+"""Worlds assembled from real parts: a ``World`` from a directory with a ``world.json``.
+
+``load_world_dir(path)`` reads the manifest (``cbcert.worlds.manifest``, which documents the
+format), builds the generator (+ CB-AE) and the classifiers, and returns the
+``cbcert.worlds.world.World`` every command accepts through ``--world <dir>``.
+
+Parts come in two forms:
+
+* **converted directories** (``certify convert``, ``certify train cbae``): cbcert checkpoints
+  loaded through ``cbcert.io.registry`` with their file and params hashes checked. Loading
+  them needs no torch: a world whose parts are all converted runs on a machine without it.
+* **upstream files** (a convenience for the generator and the StyleGAN2 CB-AE): converted on
+  every load by ``cbcert.convert.read_module`` (StyleGAN2 pickles are read without torch by a
+  restricted unpickler; CB-AE ``.pt`` and BigGAN ``.bin`` state_dicts need the ``torch`` extra
+  and are read with ``weights_only=True``). ``_upstream`` is the one place worlds reach into
+  ``cbcert.convert``: reading those files *is* conversion (their strict key tables), and
+  keeping a second copy of it here would let the two drift.
+
+The DFS concept scores are the PCBM's margins ``r = (V e + b)/‖V‖``. Upstream has no CB-AE for
+BigGAN: a BigGAN world without ``cbae`` has K = 0 concepts, so only latent-space commands apply
+to it; ``certify train cbae`` trains one on the condition vector ``[t·z ; E y]`` and
+``"cbae": {"trained": DIR}`` plugs it in. A trained CB-AE records the generator it was trained
+on (``generator_identity``) and is refused on any other.
+
+StyleGAN2 networks of any synthesis architecture ("skip", "orig", "resnet") are accepted. A
+conditional one (``c_dim > 0``) generates one class per world: ``class_index`` selects it and
+``g1`` feeds its one-hot label to the mapping network, as BigGAN's class index does; an
+unconditional one refuses the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from cbcert.generators.base import Generator
+from cbcert.generators.biggan import biggan_generator
+from cbcert.generators.stylegan2.generator import stylegan2_generator
+from cbcert.io import checkpoint
+from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, load_module, pure_apply
+from cbcert.schema import shorten
+from cbcert.worlds.manifest import CONVERTED, MANIFEST, ROLES, WorldSpec, read_manifest, where
+from cbcert.worlds.world import World
+
+# Weight identity of a generator: either group identifies the same weights.
+_WEIGHT_KEYS = (("params_sha256",), ("weights_sha256", "config_sha256"))
+
+
+def build_generator(spec: WorldSpec) -> Generator:
+    """The manifest's generator (and CB-AE) as a ``Generator`` (see the module docstring).
+
+    Raises:
+      ValueError: unreadable or mismatched checkpoints (the converters name the offending
+        keys), a converted directory of another kind, or upstream ``.pt``/``.bin`` files
+        without torch installed.
+    """
+    try:
+        return _build_generator(spec)
+    except ModuleNotFoundError as err:
+        if err.name != "torch":
+            raise
+        raise ValueError(f"{spec.root / MANIFEST}: the CB-AE and BigGAN checkpoints are PyTorch "
+                         "state_dicts; reading them needs the torch extra "
+                         "(pip install 'cbcert[torch]'), or convert them once where torch is "
+                         "installed (`certify convert cbae|biggan ...`) and name the "
+                         "directories with \"converted\"") from None
+
+
+def _build_generator(spec: WorldSpec) -> Generator:
+    gen = spec.generator
+    model, source = _generator_module(spec)
+    if gen["kind"] == "stylegan2":
+        _check_stylegan2_class(gen, model.config.c_dim, source)
+        return stylegan2_generator(model, _stylegan2_cbae(spec), gen["truncation_psi"],
+                                   gen["truncation_cutoff"], name=f"stylegan2:{source}",
+                                   class_index=gen["class_index"])
+    cbae = _trained_cbae(spec) if spec.cbae is not None else None
+    return biggan_generator(model, gen["class_index"], gen["truncation"],
+                            name=f"biggan:{source}", cbae=cbae)
+
+
+def _generator_module(spec: WorldSpec) -> tuple[nnx.Module, str]:
+    """The generator's module and the name of its source (file or converted directory)."""
+    gen = spec.generator
+    if CONVERTED in gen:
+        module, _ = _converted(gen[CONVERTED], gen["kind"], "generator")
+        return module, gen[CONVERTED].name
+    if gen["kind"] == "stylegan2":
+        return _upstream("stylegan2", gen["pickle"], network=gen["network"],
+                         network_setting=where("generator", "network")), gen["pickle"].name
+    return _upstream("biggan", gen["weights"], config_path=gen["config"]), gen["weights"].name
+
+
+def _stylegan2_cbae(spec: WorldSpec) -> nnx.Module:
+    if CONVERTED in spec.cbae:
+        return _converted(spec.cbae[CONVERTED], "cbae", "cbae")[0]
+    return _upstream("cbae", spec.cbae["checkpoint"], config_path=spec.cbae["config"])
+
+
+def _upstream(kind: str, path: Path, **options: Any) -> nnx.Module:
+    """An upstream file read into its module (the convenience path, module docstring)."""
+    from cbcert.convert import read_module
+
+    module, _ = read_module(kind, path, **options)
+    return module
+
+
+def _converted_manifest(directory: Path, kind: str, section: str) -> dict[str, Any]:
+    """The checked manifest of a converted directory that must hold ``kind``."""
+    try:
+        manifest = checkpoint.read_manifest(directory)
+    except checkpoint.CheckpointError as err:
+        raise ValueError(f"{where(section, CONVERTED)}: {err}") from None
+    if manifest["kind"] != kind:
+        raise ValueError(f"{where(section, CONVERTED)}={directory.name!r} is kind="
+                         f"{shorten(repr(manifest['kind']), 80)}; expected a "
+                         f"`certify convert {kind}` directory")
+    return manifest
+
+
+def _converted(directory: Path, kind: str, section: str) -> tuple[nnx.Module, dict[str, Any]]:
+    """Module and manifest of a converted directory that must hold ``kind``."""
+    _converted_manifest(directory, kind, section)
+    try:
+        return load_module(directory)
+    except checkpoint.CheckpointError as err:
+        raise ValueError(f"{where(section, CONVERTED)}: {err}") from None
+
+
+def generator_identity(spec: WorldSpec) -> dict[str, Any]:
+    """What a CB-AE trained on this world's generator must match.
+
+    Upstream files: ``kind``, sha256 of the weights and config files, ``class_index``,
+    ``truncation``. A converted BigGAN: ``kind``, the converted ``params_sha256``, the
+    weights/config sha256 its converter recorded in ``sources``, ``class_index``, ``truncation``.
+    """
+    gen = spec.generator
+    if gen["kind"] != "biggan":
+        raise ValueError(f"{MANIFEST}: generator.kind={gen['kind']!r}; `certify train cbae` "
+                         "trains CB-AEs for biggan worlds (stylegan2 worlds use upstream's)")
+    if CONVERTED in gen:
+        manifest = _converted_manifest(gen[CONVERTED], "biggan", "generator")
+        sources = manifest.get("sources") if isinstance(manifest.get("sources"), dict) else {}
+        identity = {"kind": "biggan"}
+        for role, key in (("checkpoint", "weights_sha256"), ("config", "config_sha256")):
+            recorded = sources.get(role)
+            if isinstance(recorded, dict) and isinstance(recorded.get("sha256"), str):
+                identity[key] = recorded["sha256"]
+        return {**identity, "params_sha256": manifest["params_sha256"],
+                "class_index": gen["class_index"], "truncation": gen["truncation"]}
+    return {"kind": "biggan", "weights_sha256": checkpoint.sha256_file(gen["weights"]),
+            "config_sha256": checkpoint.sha256_file(gen["config"]),
+            "class_index": gen["class_index"], "truncation": gen["truncation"]}
+
+
+def _identity_mismatch(trained_on: dict[str, Any], expected: dict[str, Any]) -> str | None:
+    """The first key on which a trained CB-AE's generator differs from this world's, or None.
+
+    The weights count as the same when a weight-identity group (``_WEIGHT_KEYS``) both record
+    is equal: a CB-AE trained on upstream files fits the same files converted, and the reverse.
+    """
+    weight_keys = {key for group in _WEIGHT_KEYS for key in group}
+    shared = {key for group in _WEIGHT_KEYS for key in group
+              if all(k in trained_on and k in expected for k in group)}
+    checked = [key for key in expected if key not in weight_keys or key in shared or not shared]
+    for key in checked:
+        if trained_on.get(key) != expected[key]:
+            return key
+    return None
+
+
+def _trained_cbae(spec: WorldSpec) -> nnx.Module:
+    path = spec.cbae["trained"]
+    try:
+        cbae, manifest = load_module(path)
+    except checkpoint.CheckpointError as err:
+        raise ValueError(f"{MANIFEST}: cbae.trained: {err}") from None
+    if manifest["kind"] != "cbae":
+        raise ValueError(f"{MANIFEST}: cbae.trained={path.name!r} is kind="
+                         f"{shorten(repr(manifest['kind']), 80)}; not a CB-AE written by "
+                         "`certify train cbae`")
+    identity = manifest.get("identity")
+    trained_on = identity.get("generator") if isinstance(identity, dict) else None
+    trained_on = trained_on if isinstance(trained_on, dict) else {}
+    expected = generator_identity(spec)
+    key = _identity_mismatch(trained_on, expected)
+    if key is not None:
+        raise ValueError(f"{MANIFEST}: cbae.trained={path.name!r} was trained on a generator "
+                         f"with {key}={shorten(repr(trained_on.get(key)), 80)}, this world's has "
+                         f"{expected[key]!r}; retrain it (`certify train cbae`)")
+    return cbae
+
+
+def _check_stylegan2_class(gen: dict[str, Any], c_dim: int, source: str) -> None:
+    """``generator.class_index`` against the network's label width (module docstring)."""
+    index = gen["class_index"]
+    if c_dim and index is None:
+        raise ValueError(f"{MANIFEST}: missing key 'class_index' in generator; {source} is "
+                         f"a conditional StyleGAN2 (c_dim={c_dim}): choose a class in "
+                         f"0..{c_dim - 1}")
+    if not c_dim and index is not None:
+        raise ValueError(f"{where('generator', 'class_index')}={index}; {source} is an "
+                         "unconditional StyleGAN2 (c_dim=0): remove the key")
+    if index is not None and index >= c_dim:
+        raise ValueError(f"{where('generator', 'class_index')}={index}; allowed: "
+                         f"0..{c_dim - 1} ({source} has c_dim={c_dim})")
+
+
+def _kind_ok(role: str, kind: Any, module: nnx.Module) -> bool:
+    if role == "std":
+        return kind in RESNET_NAMES or kind in DENSENET_NAMES
+    if role == "proto":
+        return kind == "pixpnet"
+    return kind == "pcbm" and (module.config.residual_outputs > 0) == (role == "cbmh")
+
+
+_EXPECTED_KIND = {"std": "a torchvision resnet*/densenet*", "cbm": "a pcbm without residual head",
+                  "cbmh": "a pcbm with a residual head (PCBM-h)", "proto": "a pixpnet"}
+
+
+def load_classifiers(spec: WorldSpec) -> tuple[dict[str, Callable], Callable, dict, dict]:
+    """The converted classifiers of a world, as pure functions on preprocessed images.
+
+    Returns:
+      ``(apply_fns, concept_fn, params, manifests)``: ``apply_fns[role](params[role],
+      x[B, h, w, 3]) -> logits[B, C]``, ``concept_fn(params["cbm"], x) -> r[B, K]`` (the
+      PCBM's margins), and each role's checkpoint manifest.
+
+    Raises:
+      ValueError: a directory that is not a converted model, a kind that does not fit its role.
+    """
+    apply_fns, params, manifests = {}, {}, {}
+    concept_fn = None
+    for role, directory in spec.classifiers.items():
+        try:
+            module, manifest = load_module(directory)
+        except checkpoint.CheckpointError as err:
+            raise ValueError(f"{MANIFEST}: classifiers.{role}: {err}") from None
+        if not _kind_ok(role, manifest["kind"], module):
+            raise ValueError(f"{MANIFEST}: classifiers.{role} is kind="
+                             f"{shorten(repr(manifest['kind']), 80)}; role {role!r} needs "
+                             f"{_EXPECTED_KIND[role]}")
+        apply_fns[role], params[role] = pure_apply(module)
+        manifests[role] = manifest
+        if role == "cbm":
+            concept_fn, _ = pure_apply(module, lambda m, x: m.concept_scores(x))
+    return apply_fns, concept_fn, params, manifests
+
+
+def load_world_dir(path: str | Path) -> World:
+    """A ``World`` from a world directory (``world.json``: ``cbcert.worlds.manifest``).
+
+    ``classify(params, x[B, H, W, 3], names) -> logits[B, len(names), C]`` applies the
+    manifest's preprocessing to ``g(z)`` in [0, 1] once, then every named classifier;
+    ``concept_scores(params, x) -> r[B, K]`` are the PCBM's concept margins. There is no
+    ground-truth label (``true_label=None``).
+
+    Raises:
+      ValueError: any manifest, checkpoint or shape problem, naming the key or file.
+    """
+    spec = read_manifest(path)
+    generator = build_generator(spec)
+    apply_fns, concept_fn, params, manifests = load_classifiers(spec)
+    preprocess = spec.preprocess
+
+    def classify(p, x, names):
+        x = preprocess(x)
+        return jnp.stack([apply_fns[m](p[m], x) for m in names], axis=1)
+
+    def concept_scores(p, x):
+        return concept_fn(p["cbm"], preprocess(x))
+
+    _check_class_counts(classify, params, generator.image_shape, spec)
+    return World(
+        name=f"dir:{spec.name}", generator=generator, classify=classify,
+        concept_scores=concept_scores, classifier_params=params,
+        model_names=tuple(role for role in ROLES if role in apply_fns),
+        class_names=spec.class_names, true_label=None,
+        metadata={"world_dir": str(spec.root), "concepts": generator.num_concepts > 0,
+                  "classifiers": manifests})
+
+
+def _check_class_counts(classify: Callable, params: dict, image_shape: tuple[int, ...],
+                        spec: WorldSpec) -> None:
+    """Every classifier must output ``len(class_names)`` logits on the generator's images.
+
+    Runs shape inference only (``jax.eval_shape``), which also catches preprocessing sizes a
+    backbone cannot take.
+    """
+    image = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
+    for role in params:
+        try:
+            shape = jax.eval_shape(lambda p, x, r=role: classify(p, x, (r,)), params, image).shape
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{MANIFEST}: classifiers.{role} cannot classify the generator's "
+                             f"{image_shape} images after preprocessing "
+                             f"(size={spec.preprocess.size}): {err}") from None
+        if shape[-1] != len(spec.class_names):
+            raise ValueError(f"{MANIFEST}: classifiers.{role} outputs {shape[-1]} logits but "
+                             f"class_names has {len(spec.class_names)} names")

@@ -1,0 +1,326 @@
+"""``world.json``: the manifest of a world directory, parsed and validated into a ``WorldSpec``.
+
+A world directory names a pretrained generator, the CB-AE that gives it concepts (SPEC §1), the
+classifiers compared on it, the class names and the classifier input preprocessing;
+``cbcert.worlds.directory.load_world_dir`` builds the ``World`` from it. Every part is either a
+directory in cbcert's checkpoint format (``certify convert``, ``certify train cbae``; loaded
+through ``cbcert.io`` without torch) or, for the generator and the StyleGAN2 CB-AE, the
+upstream files themselves (converted on every load, a convenience).
+
+``world.json`` (every key below; any other key is an error naming it)::
+
+    {
+      "format_version": 1,
+      "name": "celebahq-smiling",                    # optional, default: the directory name
+      "generator": {                                 # kind "stylegan2":
+        "kind": "stylegan2",
+        "pickle": "network-snapshot.pkl",           #   path relative to the directory, or
+                                                     #   "converted": "sg2" (a `certify convert
+                                                     #   stylegan2` directory; no "network")
+        "network": "G_ema",                         #   optional, default "G_ema"
+        "truncation_psi": 0.7,                      #   optional, default 1.0
+        "truncation_cutoff": null,                  #   optional, default null (all layers)
+        "class_index": null                         #   required (0..c_dim-1) for a
+                                                     #   conditional generator, else absent/null
+      },                                             # kind "biggan": "weights"
+                                                     #   (pytorch_model.bin) and "config"
+                                                     #   (config.json), or "converted" (a
+                                                     #   `certify convert biggan` directory);
+                                                     #   "class_index" (required),
+                                                     #   "truncation" (optional, default 1.0)
+      "cbae": {"checkpoint": "cbae.pt", "config": "cbae.yaml"},   # required for stylegan2, or
+                                                     # {"converted": "cbae"} (`certify convert
+                                                     # cbae`); biggan (optional):
+                                                     # {"trained": "cbae"}, a directory from
+                                                     # `certify train cbae`
+      "classifiers": {"std": "std", "cbm": "pcbm", "cbmh": "pcbmh", "proto": "pixpnet"},
+      "class_names": ["not smiling", "smiling"],
+      "preprocess": {"size": [224, 224], "mean": [0.485, 0.456, 0.406],
+                     "std": [0.229, 0.224, 0.225]}
+    }
+
+A section names either its ``converted`` directory or its upstream files, never both. Every
+path is relative to the world directory and stays inside it: absolute paths and ``..``
+components are refused (symbolic links inside the directory are followed). ``network`` must
+name a pickled ``Generator`` (``G_ema`` or ``G`` in NVlabs snapshots).
+
+Classifier roles: ``std`` (a torchvision ResNet/DenseNet) and ``cbm`` (a PCBM) are required,
+``cbmh`` (a PCBM-h) and ``proto`` (a PixPNet) optional. Every classifier must output
+``len(class_names)`` logits. ``preprocess`` maps the generated image ``g(z)`` in [0, 1] to the
+classifiers' input: bilinear resize to ``size`` (``null``: keep the generator's resolution,
+``jax.image.resize`` with antialiasing) then ``(x − mean) / std`` per channel.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+MANIFEST = "world.json"
+FORMAT_VERSION = 1
+ROLES = ("std", "cbm", "cbmh", "proto")
+REQUIRED_ROLES = ("std", "cbm")
+CONVERTED = "converted"
+
+_TOP_KEYS = {"format_version", "name", "generator", "cbae", "classifiers", "class_names",
+             "preprocess"}
+# kind -> (keys always required, upstream files (replaced by "converted"), options of the
+# upstream files only, options of both)
+_GENERATOR_KEYS = {
+    "stylegan2": (set(), {"pickle"}, {"network"},
+                  {"truncation_psi", "truncation_cutoff", "class_index"}),
+    "biggan": ({"class_index"}, {"weights", "config"}, set(), {"truncation"}),
+}
+_CBAE_FILES = {"checkpoint", "config"}  # upstream CB-AE of a stylegan2 world
+_TRAINED_CBAE_KEYS = {"trained"}  # `certify train cbae` output, for a biggan world
+_PREPROCESS_KEYS = {"size", "mean", "std"}
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """Classifier input preprocessing: ``x[B, H, W, 3] in [0, 1] -> x'[B, h, w, 3]``.
+
+    Attributes:
+      size: ``(h, w)`` to resize to, or None to keep the generator's resolution.
+      mean, std: per-channel normalisation ``(x − mean) / std``.
+    """
+
+    size: tuple[int, int] | None
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Resize (bilinear, antialiased) then normalise: ``[B, H, W, 3] -> [B, h, w, 3]``."""
+        if self.size is not None and tuple(x.shape[1:3]) != self.size:
+            x = jax.image.resize(x, (x.shape[0], *self.size, x.shape[3]), "bilinear")
+        return (x - jnp.asarray(self.mean, x.dtype)) / jnp.asarray(self.std, x.dtype)
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """A parsed, validated ``world.json``; every path is absolute and exists.
+
+    Attributes:
+      root: the world directory.
+      name: world name (``World.name`` is ``dir:<name>``).
+      generator: generator section, paths resolved (keys as in the manifest, defaults filled;
+        ``"converted"`` or the upstream file keys).
+      cbae: ``{"checkpoint": Path, "config": Path}`` or ``{"converted": Path}`` (stylegan2),
+        ``{"trained": Path}`` (biggan) or None.
+      classifiers: role -> converted-model directory.
+      class_names: C class names.
+      preprocess: classifier input preprocessing.
+    """
+
+    root: Path
+    name: str
+    generator: dict[str, Any]
+    cbae: dict[str, Path] | None
+    classifiers: dict[str, Path]
+    class_names: tuple[str, ...]
+    preprocess: Preprocess
+
+
+def where(section: str, key: str) -> str:
+    """How a message names a manifest key: ``world.json: generator.network``."""
+    return f"{MANIFEST}: {section}.{key}" if section else f"{MANIFEST}: {key}"
+
+
+def _check_keys(section: str, value: Any, required: set[str], optional: set[str]) -> dict:
+    """The section as a dict; ValueError naming any unknown or missing key."""
+    label = section or "top level"
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{MANIFEST}: {label} must be an object, got {type(value).__name__}")
+    allowed = required | optional
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ValueError(f"{MANIFEST}: unknown key {unknown[0]!r} in {label} "
+                         f"(allowed: {', '.join(sorted(allowed))})")
+    missing = sorted(required - set(value))
+    if missing:
+        raise ValueError(f"{MANIFEST}: missing key {missing[0]!r} in {label} "
+                         f"(required: {', '.join(sorted(required))})")
+    return dict(value)
+
+
+def _one_source(section: str, value: dict, files: set[str], file_options: set[str] = frozenset()
+                ) -> bool:
+    """Whether the section names a ``converted`` directory (True) or its upstream ``files``.
+
+    Raises:
+      ValueError: ``converted`` beside a file or one of its ``file_options``, or neither
+        ``converted`` nor every file (naming the first key concerned).
+    """
+    if CONVERTED in value:
+        mixed = sorted((files | file_options) & set(value))
+        if mixed:
+            raise ValueError(f"{MANIFEST}: {section} has both {CONVERTED!r} and {mixed[0]!r}; "
+                             f"name either the converted directory or the upstream files")
+        return True
+    missing = sorted(files - set(value))
+    if missing:
+        raise ValueError(f"{MANIFEST}: missing key {missing[0]!r} in {section} (required: "
+                         f"{', '.join(sorted(files))}; or {CONVERTED!r}, a converted directory)")
+    return False
+
+
+def _file(root: Path, section: str, key: str, value: Any, directory: bool = False) -> Path:
+    """An existing file (or directory) given relative to the world directory.
+
+    The path as written must stay inside the directory: no absolute path, no ``..`` component
+    (a manifest from elsewhere cannot reach ``../../home/...``). Symbolic links the directory
+    itself contains are followed, so large checkpoints can be linked in rather than copied.
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where(section, key)}={value!r}; expected a path relative to {root}")
+    if Path(value).is_absolute():
+        raise ValueError(f"{where(section, key)}={value!r}; paths must be relative to the "
+                         "world directory so that it can be moved")
+    if ".." in Path(value).parts:
+        raise ValueError(f"{where(section, key)}={value!r}; paths must stay inside the world "
+                         "directory ('..' is not allowed)")
+    path = (root / value).resolve()
+    exists = path.is_dir() if directory else path.is_file()
+    if not exists:
+        kind = "directory" if directory else "file"
+        raise ValueError(f"{where(section, key)}={value!r}: no such {kind} {path}")
+    return path
+
+
+def _number(section: str, key: str, value: Any, low: float, high: float,
+            low_open: bool) -> float:
+    ok = (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+          and (value > low if low_open else value >= low) and value <= high)
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{where(section, key)}={value!r}; allowed: {bracket}{low}, {high}]")
+    return float(value)
+
+
+def _integer(section: str, key: str, value: Any, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{where(section, key)}={value!r}; allowed: integers >= {low}")
+    return value
+
+
+def _parse_generator(root: Path, raw: Any) -> dict[str, Any]:
+    kind = raw.get("kind") if isinstance(raw, Mapping) else None
+    if kind not in _GENERATOR_KEYS:
+        raise ValueError(f"{MANIFEST}: generator.kind={kind!r}; allowed: "
+                         f"{', '.join(_GENERATOR_KEYS)}")
+    always, files, file_options, options = _GENERATOR_KEYS[kind]
+    section = _check_keys("generator", raw, {"kind"} | always,
+                          files | file_options | options | {CONVERTED})
+    if _one_source("generator", section, files, file_options):
+        source = {CONVERTED: _file(root, "generator", CONVERTED, section[CONVERTED], True)}
+    else:
+        source = {key: _file(root, "generator", key, section[key]) for key in sorted(files)}
+    if kind == "stylegan2":
+        if CONVERTED not in source:
+            network = section.get("network", "G_ema")  # checked against the pickle once read
+            if not isinstance(network, str) or not network:
+                raise ValueError(f"{where('generator', 'network')}={network!r}; expected the key "
+                                 "of a generator in the pickle (e.g. 'G_ema')")
+            source["network"] = network
+        cutoff = section.get("truncation_cutoff")
+        class_index = section.get("class_index")  # checked against c_dim once loaded
+        return {
+            "kind": kind, **source,
+            "truncation_psi": _number("generator", "truncation_psi",
+                                      section.get("truncation_psi", 1.0), 0.0, 1.0, True),
+            "truncation_cutoff": None if cutoff is None
+            else _integer("generator", "truncation_cutoff", cutoff, 1),
+            "class_index": None if class_index is None
+            else _integer("generator", "class_index", class_index, 0),
+        }
+    return {
+        "kind": kind, **source,
+        "class_index": _integer("generator", "class_index", section["class_index"], 0),
+        "truncation": _number("generator", "truncation", section.get("truncation", 1.0),
+                              0.0, 1.0, True),
+    }
+
+
+def _parse_cbae(root: Path, raw: Any, generator_kind: str) -> dict[str, Path] | None:
+    if raw is None and generator_kind == "stylegan2":
+        raise ValueError(f"{MANIFEST}: missing key 'cbae'; a stylegan2 world takes its concepts "
+                         "from a CB-AE ({\"checkpoint\": ..., \"config\": ...} or "
+                         "{\"converted\": ...})")
+    if raw is None:
+        return None
+    if generator_kind == "stylegan2":
+        section = _check_keys("cbae", raw, set(), _CBAE_FILES | {CONVERTED})
+        if _one_source("cbae", section, _CBAE_FILES):
+            return {CONVERTED: _file(root, "cbae", CONVERTED, section[CONVERTED], True)}
+        return {key: _file(root, "cbae", key, section[key]) for key in sorted(_CBAE_FILES)}
+    section = _check_keys("cbae", raw, _TRAINED_CBAE_KEYS, set())
+    return {"trained": _file(root, "cbae", "trained", section["trained"], directory=True)}
+
+
+def _triple(key: str, value: Any, positive: bool) -> tuple[float, float, float]:
+    ok = (isinstance(value, list) and len(value) == 3
+          and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                  and (v > 0 or not positive) for v in value))
+    if not ok:
+        rule = "three numbers > 0" if positive else "three finite numbers"
+        raise ValueError(f"{where('preprocess', key)}={value!r}; expected {rule} (R, G, B)")
+    return tuple(float(v) for v in value)
+
+
+def _parse_preprocess(raw: Any) -> Preprocess:
+    section = _check_keys("preprocess", raw, _PREPROCESS_KEYS, set())
+    size = section["size"]
+    if size is not None:
+        if not (isinstance(size, list) and len(size) == 2
+                and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
+                        for s in size)):
+            raise ValueError(f"{where('preprocess', 'size')}={size!r}; expected null or "
+                             "[height, width], integers >= 1")
+        size = (size[0], size[1])
+    return Preprocess(size=size, mean=_triple("mean", section["mean"], False),
+                      std=_triple("std", section["std"], True))
+
+
+def read_manifest(path: str | Path) -> WorldSpec:
+    """Parse and validate ``<path>/world.json`` (see the module docstring for the format).
+
+    Raises:
+      ValueError: no manifest, invalid JSON, an unknown or missing key (named), a section
+        naming both a converted directory and upstream files, a value out of range, or a file
+        or directory it names that does not exist.
+    """
+    root = Path(path).resolve()
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        raise ValueError(f"{root} has no {MANIFEST}; not a world directory")
+    try:
+        raw = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{manifest_path}: not valid JSON ({err})") from None
+    top = _check_keys("", raw, _TOP_KEYS - {"name", "cbae"}, {"name", "cbae"})
+    if top["format_version"] != FORMAT_VERSION:
+        raise ValueError(f"{MANIFEST}: format_version={top['format_version']!r}; this cbcert "
+                         f"reads version {FORMAT_VERSION}")
+    generator = _parse_generator(root, top["generator"])
+    cbae = _parse_cbae(root, top.get("cbae"), generator["kind"])
+    roles = _check_keys("classifiers", top["classifiers"], set(REQUIRED_ROLES),
+                        set(ROLES) - set(REQUIRED_ROLES))
+    classifiers = {role: _file(root, "classifiers", role, roles[role], directory=True)
+                   for role in ROLES if role in roles}
+    names = top["class_names"]
+    if not (isinstance(names, list) and len(names) >= 2
+            and all(isinstance(n, str) and n for n in names)):
+        raise ValueError(f"{MANIFEST}: class_names={names!r}; expected a list of >= 2 names")
+    name = top.get("name", root.name)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{MANIFEST}: name={name!r}; expected a non-empty string")
+    return WorldSpec(root=root, name=name, generator=generator, cbae=cbae,
+                     classifiers=classifiers, class_names=tuple(names),
+                     preprocess=_parse_preprocess(top["preprocess"]))

@@ -1,0 +1,131 @@
+"""A world: a generator plus the classifiers compared on it, as pure functions for the engine.
+
+Every classifier family is evaluated through the same interface ``F_m(z) = f_m(g(z))``
+(SPEC §2); the engine sees one ``apply_fn(params, x[B, *event]) -> logits[B, H, C]`` whose H
+heads are the requested models evaluated on the *same* generated image.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from cbcert.generators.base import Generator
+from cbcert.schema import ConfigError
+
+Params = Any
+
+
+@dataclass(frozen=True, eq=False)
+class World:
+    """Generator, classifiers and (optionally) ground truth of one world.
+
+    Attributes:
+      name: e.g. ``builtin:default``.
+      generator: the ``g = g2 ∘ D ∘ E ∘ g1`` bundle.
+      classify: ``(params, x[B, H, W, 3], names) -> logits[B, len(names), C]``; ``names`` static.
+      concept_scores: ``(params, x[B, H, W, 3]) -> r[B, K]``, the CBM's concept scores (DFS).
+      classifier_params: parameters of ``classify``/``concept_scores``.
+      model_names: the models this world offers, e.g. ``("std", "cbm", "cbmh", "proto")``.
+      class_names: ``C`` names.
+      true_label: optional ``(gen_params, z[B, d]) -> int32[B]`` ground-truth classes.
+      metadata: provenance (weights manifest, documented accuracies…).
+    """
+
+    name: str
+    generator: Generator
+    classify: Callable[[Params, jax.Array, tuple[str, ...]], jax.Array]
+    concept_scores: Callable[[Params, jax.Array], jax.Array]
+    classifier_params: Params
+    model_names: tuple[str, ...]
+    class_names: tuple[str, ...]
+    true_label: Callable[[Params, jax.Array], jax.Array] | None = None
+    metadata: dict | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def params(self) -> dict:
+        """Parameters of every ``apply`` function below: ``{"gen": …, "clf": …}``."""
+        return {"gen": self.generator.params, "clf": self.classifier_params}
+
+    def check_models(self, models: tuple[str, ...]) -> tuple[str, ...]:
+        """Validate model names (`ConfigError`, key ``models``, naming the unknown and allowed)."""
+        unknown = [m for m in models if m not in self.model_names]
+        if unknown or not models:
+            detail = (f"unknown model(s) {unknown or list(models)} "
+                      f"(allowed: {', '.join(self.model_names)})")
+            raise ConfigError(detail, key="models", value=models,
+                              allowed=", ".join(self.model_names), detail=detail)
+        return tuple(models)
+
+    def latent_apply(self, models: tuple[str, ...]) -> Callable:
+        """``apply(params, z[B, d]) -> logits[B, H, C]`` = ``f_m(g(z))`` for each model m.
+
+        The same function object is returned for the same models, so jit caches keyed on it
+        (the engine's) compile once per world and model set.
+        """
+        return _latent_apply(self, self.check_models(models))
+
+    def concept_apply(self, models: tuple[str, ...]) -> Callable:
+        """``apply(params, c[B, 2K+U]) -> logits[B, H, C]`` = ``f_m(g2(D(c)))`` for each model m."""
+        return _concept_apply(self, self.check_models(models))
+
+    def apply(self, space: str, models: tuple[str, ...]) -> Callable:
+        """`latent_apply` (``space="latent"``) or `concept_apply` (``"concept"``)."""
+        return self.latent_apply(models) if space == "latent" else self.concept_apply(models)
+
+    def latent_images(self, params, z: jax.Array) -> jax.Array:
+        """``g(z)``: ``[B, d] -> [B, H, W, 3]``."""
+        return self.generator.image(params["gen"], z)
+
+    def encode_latents(self, params, z: jax.Array) -> jax.Array:
+        """``c = E(g1(z))``: ``[B, d] -> [B, 2K + U]``."""
+        return self.generator.concepts(params["gen"], z)
+
+
+@functools.lru_cache(maxsize=32)
+def _latent_apply(world: World, models: tuple[str, ...]) -> Callable:
+    gen, classify = world.generator, world.classify
+
+    def apply(params, z):
+        return classify(params["clf"], gen.image(params["gen"], z), models)
+
+    return apply
+
+
+@functools.lru_cache(maxsize=32)
+def _concept_apply(world: World, models: tuple[str, ...]) -> Callable:
+    gen, classify = world.generator, world.classify
+
+    def apply(params, c):
+        return classify(params["clf"], gen.image_from_concepts(params["gen"], c), models)
+
+    return apply
+
+
+@functools.lru_cache(maxsize=32)
+def clean_predictor(world: World, space: str, models: tuple[str, ...]) -> Callable:
+    """Jitted ``(params, z[B, d]) -> labels[B, H]`` on the clean image of each latent.
+
+    ``space="latent"``: the image ``g(z)``; ``space="concept"``: the autoencoded image
+    ``g2(D(E(g1(z))))``, the clean reference of semantic perturbations (SPEC §1).
+    """
+    gen, classify = world.generator, world.classify
+
+    @jax.jit
+    def predict(params, z):
+        if space == "latent":
+            x = gen.image(params["gen"], z)
+        else:
+            x = gen.image_from_concepts(params["gen"], gen.concepts(params["gen"], z))
+        return jnp.argmax(classify(params["clf"], x, models), axis=-1)
+
+    return predict

@@ -1,0 +1,136 @@
+"""The built-in concept world: structure g = g2∘D∘E∘g1, exact concepts, classes, gradients."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cbcert.concepts import concept_state, flip_pairs
+from cbcert.generators.concept_world import (
+    VOCABULARY,
+    ConceptWorldConfig,
+    class_patterns,
+    label_of,
+    make_world,
+)
+
+
+@pytest.fixture(scope="module")
+def world():
+    return make_world(ConceptWorldConfig())
+
+
+@pytest.fixture(scope="module")
+def sample(world):
+    z = world.sample_latents(jax.random.key(3), 64)
+    return z, world.generator.concepts(world.params, z)
+
+
+def test_decode_inverts_encode(world, sample):
+    g = world.generator
+    z, _ = sample
+    w = g.g1(g.params, z)
+    np.testing.assert_allclose(g.decode(g.params, g.encode(g.params, w)), w, atol=1e-5)
+
+
+def test_concept_read_out_matches_ground_truth(world, sample):
+    z, c = sample
+    k = world.generator.num_concepts
+    np.testing.assert_array_equal(concept_state(c, k), world.concepts_of(world.params, z))
+
+
+@pytest.mark.parametrize("i", range(12))
+def test_flip_changes_exactly_that_concept_and_its_attribute(world, sample, i):
+    g = world.generator
+    k = g.num_concepts
+    z, c = sample
+    eta = jnp.zeros((c.shape[0], k), bool).at[:, i].set(True)
+    flipped = flip_pairs(c, eta, k)
+    # Read back through the generator: decode to w, re-encode, read the concept state.
+    back = concept_state(g.encode(g.params, g.decode(g.params, flipped)), k)
+    before = concept_state(c, k)
+    np.testing.assert_array_equal(back != before, np.asarray(eta))
+    # The attribute is visible: the image changes for every sample whose concept is clearly
+    # on or off (|v_i| > 0.05, strength outside [0.12, 0.88]); inside the thin band around the
+    # concept boundary both renderings are half-way and legitimately close.
+    clear = np.abs(np.asarray(world.concept_signal(world.params, z)[:, i])) > 0.05
+    assert clear.sum() > 40
+    x0 = g.image_from_concepts(g.params, c)
+    x1 = g.image_from_concepts(g.params, flipped)
+    change = np.asarray(jnp.max(jnp.abs(x1 - x0), axis=(1, 2, 3)))
+    assert change[clear].min() > 0.1
+    # ... and flipping twice restores the image exactly.
+    x2 = g.image_from_concepts(g.params, flip_pairs(flipped, eta, k))
+    np.testing.assert_allclose(x2, x0, atol=1e-5)
+
+
+def test_flip_touches_nothing_else(world, sample):
+    """Flipping concept i equals rendering with only attribute i's strength mirrored."""
+    from cbcert.generators.concept_world import render
+
+    g, cfg = world.generator, world.config
+    k = g.num_concepts
+    _, c = sample
+    v = c[:, 0 : 2 * k : 2] * 2 / cfg.logit_scale
+    a = jax.nn.sigmoid(cfg.sharpness * v)
+    u = c[:, 2 * k :]
+    eta = jnp.zeros((c.shape[0], k), bool).at[:, 4].set(True)
+    expected = render(cfg, g.params, a.at[:, 4].set(1 - a[:, 4]), u)
+    np.testing.assert_allclose(g.image_from_concepts(g.params, flip_pairs(c, eta, k)), expected,
+                               atol=1e-5)
+
+
+def test_gradients_in_latent_and_concept_space_are_finite_and_nonzero(world, sample):
+    g = world.generator
+    z, c = sample
+    gz = jax.grad(lambda z: jnp.sum(g.image(g.params, z) ** 2))(z[:8])
+    gc = jax.grad(lambda c: jnp.sum(g.image_from_concepts(g.params, c) ** 2))(c[:8])
+    for grad in (gz, gc):
+        assert bool(jnp.all(jnp.isfinite(grad)))
+        assert float(jnp.min(jnp.linalg.norm(grad, axis=1))) > 0
+
+
+def test_images_are_rgb_in_unit_range(world, sample):
+    x = world.generator.image(world.params, sample[0])
+    assert x.shape == (64, 32, 32, 3)
+    assert float(x.min()) >= 0 and float(x.max()) <= 1
+
+
+def test_labels_are_nearest_pattern_in_hamming_distance():
+    patterns = class_patterns(ConceptWorldConfig())
+    cube = np.array(list(itertools.product([0, 1], repeat=12)), bool)
+    dist = (cube[:, None, :] != patterns[None].astype(bool)).sum(-1)  # [4096, C]
+    np.testing.assert_array_equal(label_of(jnp.asarray(cube), jnp.asarray(patterns)),
+                                  np.argmin(dist, axis=1))
+
+
+@pytest.mark.parametrize("preset", ["default", "k8", "k16", "similar10", "dissimilar10"])
+def test_class_patterns_have_close_and_far_pairs(preset):
+    config = ConceptWorldConfig.from_preset(preset)
+    p = class_patterns(config)
+    assert p.shape == (config.num_classes, config.num_concepts)
+    dist = (p[:, None] != p[None]).sum(-1)
+    off = dist[~np.eye(len(p), dtype=bool)]
+    assert off.min() >= 1, "patterns must be distinct"
+    assert off.min() <= 2, "some classes are semantically close"
+    assert off.max() >= config.num_concepts // 2, "some classes are far"
+
+
+def test_presets_and_vocabulary():
+    assert len(VOCABULARY) == 16
+    w = make_world(ConceptWorldConfig.from_preset("px64"))
+    z = w.sample_latents(jax.random.key(0), 2)
+    assert w.generator.image(w.params, z).shape == (2, 64, 64, 3)
+    with pytest.raises(ValueError, match="unknown world preset 'nope'"):
+        ConceptWorldConfig.from_preset("nope")
+    with pytest.raises(ValueError, match="num_concepts=10"):
+        ConceptWorldConfig(num_concepts=10)
+
+
+def test_world_is_deterministic_in_its_structure_seed():
+    a, b = make_world(ConceptWorldConfig()), make_world(ConceptWorldConfig())
+    c = make_world(ConceptWorldConfig(structure_seed=1))
+    np.testing.assert_array_equal(a.params["A"], b.params["A"])
+    assert not np.array_equal(a.params["A"], c.params["A"])

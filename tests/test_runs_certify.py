@@ -1,0 +1,322 @@
+"""Certification runs: records, resumption, determinism across batching, settings checks."""
+
+import json
+
+import numpy as np
+import pytest
+from spying import spy_world
+
+from cbcert.runs.certify import CertifyJob, run
+from cbcert.runs.directory import RECORDS, SUMMARY, RecordsError, RunLockedError, RunMismatchError
+from cbcert.runs.pool import agreement_pool, pool_latents
+from cbcert.worlds.builtin import untrained_world
+
+SMALL = dict(n0=8, n=40, num_inputs=6, alpha=0.01)
+
+
+@pytest.fixture(scope="module")
+def world():
+    return untrained_world("default", seed=0)
+
+
+def _lines(path):
+    return [json.loads(line) for line in (path / RECORDS).read_text().splitlines()]
+
+
+def test_pool_is_prefix_stable(world):
+    a = pool_latents(world, seed=3, start=0, count=10)
+    b = pool_latents(world, seed=3, start=4, count=3)
+    np.testing.assert_array_equal(a[4:7], b)
+    assert not np.array_equal(a, pool_latents(world, seed=4, start=0, count=10))
+
+
+def test_agreement_pool_labels_are_the_shared_clean_prediction(world):
+    pool = agreement_pool(world, seed=0, num_inputs=5)
+    x = world.latent_images(world.params, pool.latents)
+    logits = world.classify(world.params["clf"], x, ("std", "cbm"))
+    pred = np.asarray(np.argmax(logits, -1))
+    np.testing.assert_array_equal(pred[:, 0], pred[:, 1])
+    np.testing.assert_array_equal(pred[:, 0], pool.labels)
+    np.testing.assert_array_equal(pool.true_labels, world.true_label(world.params["gen"],
+                                                                     pool.latents))
+
+
+@pytest.mark.parametrize("noise,scale", [("gaussian", 0.25), ("bernoulli", 0.2)])
+def test_resume_gives_identical_records_and_summary(world, tmp_path, noise, scale):
+    job = CertifyJob(noise=noise, scale=scale, batch=4, **SMALL)
+    full = run(world, job, tmp_path / "full")
+    # Interrupted run: first batch only, then a torn line, then resume with another batch size.
+    part = tmp_path / "part"
+    run(world, CertifyJob(noise=noise, scale=scale, batch=4, **{**SMALL, "num_inputs": 4}),
+        tmp_path / "first")
+    part.mkdir()
+    (part / "run.json").write_text((tmp_path / "full" / "run.json").read_text())
+    first = (tmp_path / "first" / RECORDS).read_text()
+    (part / RECORDS).write_text(first + '{"index": 99, "mod')
+    resumed = run(world, job, part)
+    # Everything but wall-clock time is identical.
+    assert _untimed(resumed["models"]) == _untimed(full["models"])
+    assert _untimed(json.loads((part / SUMMARY).read_text())["models"]) == _untimed(
+        full["models"])
+    assert sorted(map(_strip, _lines(part)), key=_key) == sorted(
+        map(_strip, _lines(tmp_path / "full")), key=_key)
+
+
+def _key(record):
+    return record["index"], record["model"]
+
+
+def _strip(record):
+    return {k: v for k, v in record.items() if k != "seconds"}
+
+
+def _untimed(models):
+    return {m: {k: v for k, v in s.items() if k != "seconds_per_input"} for m, s in models.items()}
+
+
+def test_records_have_the_documented_fields(world, tmp_path):
+    run(world, CertifyJob(noise="gaussian", scale=0.1, models=("std", "proto"), **SMALL), tmp_path)
+    records = _lines(tmp_path)
+    assert len(records) == 2 * SMALL["num_inputs"]
+    for r in records:
+        assert set(r) == {"index", "model", "label", "true_label", "prediction", "count_top",
+                          "count_runner_up", "p_lower", "p_upper", "radius", "correct",
+                          "seconds"}
+        assert r["count_top"] + r["count_runner_up"] <= SMALL["n"]
+        assert (r["radius"] is None) == (r["prediction"] == -1)
+
+
+def test_predict_mode(world, tmp_path):
+    summary = run(world, CertifyJob(noise="gaussian", scale=0.1, mode="predict", **SMALL), tmp_path)
+    assert set(summary["models"]) == {"std", "cbm", "proto"}
+    assert all("p_value" in r for r in _lines(tmp_path))
+
+
+def test_other_settings_in_the_same_directory_are_refused(world, tmp_path):
+    run(world, CertifyJob(noise="gaussian", scale=0.1, **SMALL), tmp_path)
+    with pytest.raises(RunMismatchError, match="different settings"):
+        run(world, CertifyJob(noise="gaussian", scale=0.2, **SMALL), tmp_path)
+
+
+def test_identical_models_get_identical_certificates(world, tmp_path):
+    """In the untrained world the PCBM reproduces f_std exactly: same noise, same certificates."""
+    run(world, CertifyJob(noise="gaussian", scale=0.5, models=("std", "cbm"), **SMALL), tmp_path)
+    rows = _lines(tmp_path)
+    std = {r["index"]: r for r in rows if r["model"] == "std"}
+    for r in rows:
+        if r["model"] == "cbm":
+            assert r["count_top"] == std[r["index"]]["count_top"]
+            assert r["prediction"] == std[r["index"]]["prediction"]
+
+
+def test_unknown_model_is_rejected(world, tmp_path):
+    with pytest.raises(ValueError, match="unknown model"):
+        run(world, CertifyJob(noise="gaussian", scale=0.1, models=("std", "vit"), **SMALL),
+            tmp_path)
+
+
+
+def test_duplicated_record_lines_are_counted_once(world, tmp_path):
+    """A copied line once made 8 inputs read as 9 (SmAcc 0.333 instead of 0.375)."""
+    job = CertifyJob(noise="gaussian", scale=0.25, **SMALL)
+    clean = run(world, job, tmp_path)
+    lines = (tmp_path / RECORDS).read_text().splitlines(keepends=True)
+    (tmp_path / RECORDS).write_text("".join(lines + lines[:3]))
+    again = run(world, job, tmp_path)
+    assert _untimed(again["models"]) == _untimed(clean["models"])
+    assert again["models"]["std"]["num_inputs"] == SMALL["num_inputs"]
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda r: {**r, "prediction": (r["prediction"] + 1) % 10}, "conflicts with line 1"),
+        (lambda r: {**r, "index": 10**6}, "index=1000000 is not an input of this run"),
+        (lambda r: {**r, "model": "cbmh"}, "model='cbmh' is not one of the run's models"),
+        (lambda r: {**r, "radius": "big"}, "field 'radius'"),
+    ],
+)
+def test_untrustworthy_records_are_refused_naming_file_and_line(world, tmp_path, edit, message):
+    job = CertifyJob(noise="gaussian", scale=0.25, **SMALL)
+    run(world, job, tmp_path)
+    text = (tmp_path / RECORDS).read_text()
+    first = json.loads(text.splitlines()[0])
+    (tmp_path / RECORDS).write_text(text + json.dumps(edit(first)) + "\n")
+    line = len(text.splitlines()) + 1
+    with pytest.raises(RecordsError, match=f"records.jsonl, line {line}: .*{message}"):
+        run(world, job, tmp_path)
+
+
+def test_malformed_complete_line_and_damaged_run_json_are_named(world, tmp_path):
+    job = CertifyJob(noise="gaussian", scale=0.25, **SMALL)
+    run(world, job, tmp_path / "a")
+    path = tmp_path / "a" / RECORDS
+    path.write_text('{"index": 1, oops}\n' + path.read_text())
+    with pytest.raises(RecordsError, match="records.jsonl, line 1: not a JSON record"):
+        run(world, job, tmp_path / "a")
+    run(world, job, tmp_path / "b")
+    (tmp_path / "b" / "run.json").write_text('{"job": ')
+    with pytest.raises(RecordsError, match="run.json: damaged"):
+        run(world, job, tmp_path / "b")
+
+
+def test_repeated_models_are_refused():
+    with pytest.raises(ValueError, match="name each model once"):
+        CertifyJob(noise="gaussian", scale=0.1, models=("std", "std"))
+
+
+def test_a_second_run_on_the_same_directory_is_refused_naming_the_holder(world, tmp_path):
+    """The lock of a live process refuses the run; once that process is killed, it resumes."""
+    import signal
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom cbcert.runs.directory import hold\n"
+         f"with hold({str(tmp_path)!r}):\n    print('held', flush=True)\n    time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        job = CertifyJob(noise="gaussian", scale=0.25, **SMALL)
+        with pytest.raises(RunLockedError, match=f"in use by another run .*{holder.pid}"):
+            run(world, job, tmp_path)
+        assert not (tmp_path / RECORDS).exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert (tmp_path / ".lock").exists()  # left by the killed holder; no longer locked
+    run(world, job, tmp_path)
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_every_generator_call_respects_the_chunk_size(world, tmp_path):
+    """Pool search, true labels, concept encoding and sampling all reach the generator in
+    chunks of at most ``chunk_size`` (a 256-px world once asked for 82 GB rendering its
+    whole pool block at once). The spy records the batch of every traced call."""
+    other, seen = spy_world(world)
+    for noise, scale in (("gaussian", 0.25), ("bernoulli", 0.2)):
+        job = CertifyJob(noise=noise, scale=scale, **SMALL)
+        run(other, job, tmp_path / noise, chunk_size=8)
+    assert seen and max(batch for _, batch in seen) <= 8, sorted(set(seen))
+
+
+# --- the sequential schedule ------------------------------------------------------------------
+
+SEQUENTIAL_FIELDS = {"samples", "certified_samples", "stop_reason"}
+
+
+def _fixed_fields(record):
+    return {k: v for k, v in _strip(record).items() if k not in SEQUENTIAL_FIELDS}
+
+
+@pytest.mark.parametrize("noise,scale,mode,two_class", [
+    ("gaussian", 0.25, "certify", False), ("bernoulli", 0.2, "certify", True),
+    ("gaussian", 0.25, "predict", False),
+])
+def test_sequential_with_the_single_checkpoint_n_equals_the_fixed_schedule(
+        world, tmp_path, noise, scale, mode, two_class):
+    common = dict(noise=noise, scale=scale, mode=mode, two_class=two_class, **SMALL)
+    fixed = run(world, CertifyJob(**common), tmp_path / "fixed")
+    seq = run(world, CertifyJob(schedule="sequential", first_checkpoint=SMALL["n"], **common),
+              tmp_path / "seq")
+    assert sorted(map(_fixed_fields, _lines(tmp_path / "seq")), key=_key) == sorted(
+        map(_fixed_fields, _lines(tmp_path / "fixed")), key=_key)
+    assert all(r["samples"] == SMALL["n"] for r in _lines(tmp_path / "seq"))
+    for model, entry in fixed["models"].items():
+        assert {k: v for k, v in _untimed({model: seq["models"][model]})[model].items()
+                if k not in ("samples_total", "samples_per_input", "stop_reasons")} == \
+            _untimed({model: entry})[model]
+
+
+def test_sequential_records_are_identical_across_chunk_sizes_and_resumption(world, tmp_path):
+    job = CertifyJob(noise="gaussian", scale=0.25, schedule="sequential", first_checkpoint=8,
+                     **{**SMALL, "n": 120})
+    full = run(world, job, tmp_path / "full")
+    first = CertifyJob(**{**job.__dict__, "num_inputs": 3})
+    run(world, first, tmp_path / "first", chunk_size=8)  # the automatic chunk on CPU
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "run.json").write_text((tmp_path / "full" / "run.json").read_text())
+    (part / RECORDS).write_text((tmp_path / "first" / RECORDS).read_text() + '{"index": 9, "mo')
+    resumed = run(world, job, part, chunk_size=5)
+    assert sorted(map(_strip, _lines(part)), key=_key) == sorted(
+        map(_strip, _lines(tmp_path / "full")), key=_key)
+    assert _untimed(resumed["models"]) == _untimed(full["models"])
+    assert {k: v for k, v in resumed["samples"].items() if k != "per_second"} == {
+        k: v for k, v in full["samples"].items() if k != "per_second"}
+    reasons = {r["stop_reason"] for r in _lines(part)}
+    assert reasons - {"n"}, "the run must stop some input early to test anything"
+
+
+def test_sequential_records_and_summary_have_the_documented_fields(world, tmp_path):
+    job = CertifyJob(noise="bernoulli", scale=0.2, schedule="sequential", first_checkpoint=8,
+                     target_radius=1.0, models=("std", "proto"), **SMALL)
+    summary = run(world, job, tmp_path)
+    for r in _lines(tmp_path):
+        assert set(r) == {"index", "model", "label", "true_label", "prediction", "count_top",
+                          "count_runner_up", "p_lower", "p_upper", "radius", "correct",
+                          "seconds", "samples", "certified_samples", "stop_reason"}
+        assert r["certified_samples"] <= r["samples"] <= SMALL["n"]
+        assert r["count_top"] + r["count_runner_up"] <= r["certified_samples"]
+        assert r["stop_reason"] in {"success", "futility", "precision", "n"}
+    for model in job.models:
+        entry = summary["models"][model]
+        used = [r["samples"] for r in _lines(tmp_path) if r["model"] == model]
+        assert entry["samples_total"] == sum(used)
+        assert sum(entry["stop_reasons"].values()) == SMALL["num_inputs"]
+    drawn = summary["samples"]
+    assert drawn["fixed_schedule_per_input"] == SMALL["n0"] + SMALL["n"]
+    assert drawn["total"] == drawn["per_input"] * SMALL["num_inputs"] and drawn["per_second"] > 0
+    pinned = json.loads((tmp_path / "run.json").read_text())["job"]
+    assert pinned["schedule"] == "sequential" and pinned["target_radius"] == 1.0
+
+
+def test_fixed_runs_pin_the_settings_they_always_pinned(world, tmp_path):
+    run(world, CertifyJob(noise="gaussian", scale=0.25, **SMALL), tmp_path)
+    pinned = json.loads((tmp_path / "run.json").read_text())["job"]
+    assert set(pinned) == {"noise", "scale", "mode", "n0", "n", "alpha", "two_class", "models",
+                           "seed", "num_inputs", "batch", "dtype"}
+    assert "samples" not in _lines(tmp_path)[0]
+
+
+def test_preflight_refuses_hopeless_settings_before_sampling(world, tmp_path):
+    from cbcert.runs.certify import check_certifiable
+    from cbcert.schema import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        check_certifiable(CertifyJob(noise="gaussian", scale=0.1, n0=2, n=9), 12)
+    assert err.value.key == "n" and "n >= 10 needed" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        check_certifiable(CertifyJob(noise="gaussian", scale=0.1, schedule="sequential",
+                                     target_radius=0.3), 12)
+    assert err.value.key == "target_radius" and "certifies at most 0.2429" in str(err.value)
+    # The untrained std model is at chance: a pilot shows nothing can be certified at this n.
+    job = CertifyJob(noise="gaussian", scale=0.25, schedule="sequential", models=("std",),
+                     **SMALL)
+    with pytest.raises(ConfigError) as err:
+        run(world, job, tmp_path, preflight=True)
+    assert err.value.key == "sigma" and "every model abstains" in str(err.value)
+    assert not (tmp_path / RECORDS).exists()
+
+
+def test_sequential_cli_flags(world, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from cbcert import cli
+    from cbcert.cli import common as cli_common
+
+    monkeypatch.setattr(cli_common, "load_world", lambda name: world)
+    base = ["latent", "--sigma", "0.25", "--quiet", "--out", str(tmp_path / "x")]
+    for extra, flag in ((["--target-radius", "0.1"], "--target-radius"),
+                        (["--schedule", "sequential", "--checkpoint-ratio", "1"],
+                         "--checkpoint-ratio"),
+                        (["--schedule", "sequential", "--target-radius", "1"],
+                         "--target-radius")):
+        result = CliRunner().invoke(cli.main, [*base, *extra])
+        assert result.exit_code == 2 and flag in result.output, result.output
+    ok = CliRunner().invoke(cli.main, ["latent", "--sigma", "0.25", "--inputs", "3", "--n", "60",
+                                       "--n0", "8", "--models", "std,proto", "--schedule",
+                                       "sequential", "--first-checkpoint", "8", "--out",
+                                       str(tmp_path / "ok")])
+    assert ok.exit_code == 0, ok.output
+    assert "samples/input" in ok.output and "samples drawn per input" in ok.output

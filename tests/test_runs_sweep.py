@@ -1,0 +1,207 @@
+"""Sweeps: config → cells, manifest, resumption after an interrupted cell, config errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cbcert.cli import main
+from cbcert.runs import sweep
+from cbcert.runs.config import ConfigError, ExperimentConfig, load_config
+from cbcert.runs.directory import RECORDS, SUMMARY, RunMismatchError
+from cbcert.worlds.builtin import untrained_world
+
+# Preset smoke: its perturb subset_size (8) must fit in world.num_inputs even when unswept.
+TINY = """\
+preset: smoke
+name: tiny
+world: {seed: 3, num_inputs: 8}
+latent: {sigmas: [0.25, 0.5], n0: 4, n: 16, alpha: 0.1, models: [std, cbm]}
+"""
+
+
+@pytest.fixture(scope="module")
+def world():
+    return untrained_world("default", seed=0)
+
+
+def _config(tmp_path, text=TINY):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(text)
+    return path, load_config(path)
+
+
+def _without_wall_clock(value):
+    if isinstance(value, dict):
+        return {k: _without_wall_clock(v) for k, v in value.items() if "seconds" not in k}
+    return value
+
+
+def _summaries(out, cells):
+    return {c: _without_wall_clock(json.loads((out / c / SUMMARY).read_text())) for c in cells}
+
+
+def test_plan_cells_expands_every_section():
+    cfg = ExperimentConfig.from_preset_name("smoke")
+    cells = sweep.plan_cells(cfg)
+    assert [c.name for c in cells] == [
+        "latent-sigma0.1", "concept-rho0.2", "concept-flips1", "perturb", "attack-latent"]
+    latent, rho, flips, perturb, attack = (c.job for c in cells)
+    assert (latent.noise, latent.scale, latent.n0, latent.n) == ("gaussian", 0.1, 10, 100)
+    assert (rho.noise, flips.noise, flips.scale) == ("bernoulli", "fixed", 1)
+    assert latent.num_inputs == rho.num_inputs == perturb.num_inputs == cfg.world.num_inputs
+    assert (perturb.eps, perturb.tau, perturb.subset_size) == ((0.1, 0.5), (1, 2), 8)
+    assert (attack.iters, attack.num_inputs, attack.smoothed, attack.scale) == (10, 64, False, None)
+    assert [c.name for c in sweep.plan_cells(cfg, ("perturb",))] == ["perturb"]
+    with pytest.raises(ConfigError, match=r"sections \['certify'\]"):
+        sweep.plan_cells(cfg, ("certify",))
+
+
+def test_smoothed_attack_cell_takes_scale_and_predict_settings(tmp_path):
+    _, cfg = _config(tmp_path, "latent: {n: 300}\nattack: {smoothed: true, sigma: 0.5}\n")
+    (cell,) = sweep.plan_cells(cfg, ("attack",))
+    assert cell.name == "attack-latent-smoothed-sigma0.5"
+    assert (cell.job.scale, cell.job.n, cell.job.alpha) == (0.5, 300, cfg.latent.alpha)
+    _, cfg = _config(tmp_path, "attack: {space: concept, smoothed: true, rho: 0.1}\n")
+    assert sweep.plan_cells(cfg, ("attack",))[0].name == "attack-concept-smoothed-rho0.1"
+
+
+def test_sections_in_file(tmp_path):
+    path, _ = _config(tmp_path)
+    assert sweep.sections_in_file(path) == ("latent",)
+    path.write_text("preset: smoke\n")
+    assert sweep.sections_in_file(path) == sweep.SECTIONS
+
+
+def test_resume_after_interrupted_cell_gives_identical_summaries(world, tmp_path, monkeypatch):
+    path, cfg = _config(tmp_path)
+    sections = sweep.sections_in_file(path)
+    out = tmp_path / "run"
+    monkeypatch.setattr("cbcert.cli.sweep._sweep_world", lambda preset: world)
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "latent-sigma0.5: done" in result.output
+    cells = ["latent-sigma0.25", "latent-sigma0.5"]
+    full = _summaries(out, cells)
+
+    manifest = json.loads((out / sweep.MANIFEST).read_text())
+    assert manifest["config"] == cfg.to_dict() and manifest["seed"] == 3
+    assert manifest["cells"] == [{"name": c, "kind": "certify"} for c in cells]
+    assert set(manifest["versions"]) == {"cbcert", "jax", "flax", "numpy"}
+    assert manifest["devices"] and manifest["world"] == world.name
+    assert manifest["git_revision"] is None or len(manifest["git_revision"]) == 40
+
+    # Simulate kill -9 inside the first cell: two finished records, a torn third, no summary.
+    records = out / cells[0] / RECORDS
+    lines = records.read_text().splitlines(keepends=True)
+    records.write_text("".join(lines[:2]) + lines[2][:15])
+    (out / cells[0] / SUMMARY).unlink()
+    untouched = (out / cells[1] / RECORDS).read_text()
+    sweep.run_sweep(cfg, out, sections=sections, load_world=lambda preset: world)
+    assert _summaries(out, cells) == full
+    # The finished cell was re-entered but redid nothing; the torn cell kept its two records.
+    assert (out / cells[1] / RECORDS).read_text() == untouched
+    assert records.read_text().splitlines(keepends=True)[:2] == lines[:2]
+    assert len(records.read_text().splitlines()) == len(lines)
+
+
+def test_other_config_into_same_out_is_refused(world, tmp_path):
+    _, cfg = _config(tmp_path, TINY.replace("sigmas: [0.25, 0.5]", "sigmas: [0.5]"))
+    out = tmp_path / "run"
+    out.mkdir()
+    meta = sweep.manifest(cfg, sweep.plan_cells(cfg, ("latent",)), world)
+    (out / sweep.MANIFEST).write_text(json.dumps(meta))
+    _, other = _config(tmp_path)
+    with pytest.raises(RunMismatchError, match="another config"):
+        sweep.run_sweep(other, out, sections=("latent",), load_world=lambda preset: world)
+    assert sorted(p.name for p in out.iterdir()) == [sweep.MANIFEST]
+
+
+def test_cells_are_checked_against_the_world_before_running(world, tmp_path):
+    _, cfg = _config(tmp_path, "perturb: {tau: [1, 40]}\n")
+    with pytest.raises(ConfigError, match="section 'perturb', key 'tau': tau=40"):
+        sweep.check_cells(sweep.plan_cells(cfg), world)
+    _, cfg = _config(tmp_path, "latent: {models: [std, vit]}\n")
+    with pytest.raises(ConfigError, match="section 'latent', key 'models': .*vit"):
+        sweep.check_cells(sweep.plan_cells(cfg), world)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("latent: {sigmas: [0.1, -1.0]}\n", "key 'sigmas[1]'"),
+        ("attack: {rho: 0.7}\n", "key 'rho'"),
+        ("perturb: {epsilon: [0.1]}\n", "unknown key 'epsilon'"),
+    ],
+)
+def test_cli_config_errors_exit_2_naming_the_key(tmp_path, text, key):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert key in result.output and "bad.yaml" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_sweep_refuses_mismatched_out_with_exit_2(world, tmp_path, monkeypatch):
+    path, cfg = _config(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / sweep.MANIFEST).write_text(json.dumps({"config": {"name": "other"}}))
+    monkeypatch.setattr("cbcert.cli.sweep._sweep_world", lambda preset: world)
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--quiet"])
+    assert result.exit_code == 2 and "--out" in result.output
+
+
+def test_cli_world_flag_overrides_the_config_preset(world, tmp_path, monkeypatch):
+    path, _ = _config(tmp_path)
+    asked = []
+    monkeypatch.setattr("cbcert.cli.sweep._sweep_world", lambda preset: pytest.fail("preset used"))
+    monkeypatch.setattr("cbcert.cli.common.load_world", lambda name: asked.append(name) or world)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--world",
+                                       "my/world", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert asked == ["my/world"]
+    assert json.loads((out / sweep.MANIFEST).read_text())["world"] == world.name
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parent.parent.glob("configs/*.yaml")),
+                         ids=lambda p: p.stem)
+def test_every_shipped_config_loads_and_plans_cells(path):
+    from cbcert.runs.config import load_config
+
+    cells = sweep.plan_cells(load_config(path), sweep.sections_in_file(path))
+    assert cells and len({c.name for c in cells}) == len(cells)
+
+
+def test_cells_are_named_by_exact_value():
+    """σ = 0.1 and 0.1000001 once shared latent-sigma0.1 (and ε = 0.1000001 reused ε = 0.1's
+    records); names keep the short form only where it reads back as the same number."""
+    cfg = ExperimentConfig.from_dict({
+        "preset": "smoke", "latent": {"sigmas": [0.1, 0.1000001, 2.0]},
+        "perturb": {"eps": [0.1, 0.1000001], "tau": []}})
+    names = [c.name for c in sweep.plan_cells(cfg, ("latent", "perturb"))]
+    assert names[:3] == ["latent-sigma0.1", "latent-sigma0.1000001", "latent-sigma2"]
+    from cbcert.runs.perturb import budget_name
+
+    assert budget_name("eps", 0.1000001) != budget_name("eps", 0.1) == "eps0.1"
+
+
+def test_attack_only_config_is_not_checked_against_perturb_defaults(world, tmp_path):
+    path, cfg = _config(tmp_path, "world: {num_inputs: 4}\nattack: {eps: [0.03], iters: 2, "
+                                  "inputs: 4}\n")
+    sections = sweep.sections_in_file(path)
+    assert sections == ("attack",)
+    cells = sweep.plan_cells(cfg, sections)
+    assert [c.name for c in cells] == ["attack-latent"]
+
+
+def test_a_second_sweep_into_the_same_directory_is_refused(world, tmp_path):
+    from cbcert.runs.directory import RunLockedError, hold
+
+    _, cfg = _config(tmp_path)
+    out = tmp_path / "run"
+    with hold(out), pytest.raises(RunLockedError, match="in use by another run"):
+        sweep.run_sweep(cfg, out, sections=("latent",), load_world=lambda preset: world)
