@@ -11,18 +11,24 @@ weights. Printed: samples/s, ratios, achieved FLOP/s against a measured float32 
     PYTHONPATH=. python benchmarks/engine_throughput.py --quick    # smoke run
     PYTHONPATH=. python benchmarks/engine_throughput.py --case world
     PYTHONPATH=. python benchmarks/engine_throughput.py --cpu-devices 2   # one XLA device per core
+    PYTHONPATH=. python benchmarks/engine_throughput.py --case multihost  # 1 vs 2 processes
 
 Cases: (a) a ResNet-18-sized classifier (torchvision layout, 1000 classes) on 64×64 images with
 random weights (copied from torch to JAX); (b) the built-in default world pipeline
 ``f_m(g2(D(E(g1(z)))))`` for m in std/cbm/proto on the same noisy latent, against its PyTorch
 twin ``benchmarks/world_torch.py`` loaded with the same weights (copied from JAX to torch; the
 shipped trained weights when present, else ``untrained_world()``); (c) a small MLP on latents,
-where per-batch overhead dominates.
+where per-batch overhead dominates; (d) ``multihost``: the default-world pipeline counted by
+one process with one CPU device, then by a ``jax.distributed`` job of two processes with one
+device each (gloo collectives on loopback), printing both rates and their ratio.
 """
 import argparse
 import copy
+import json
 import os
 import platform
+import socket
+import subprocess
 import sys
 import time
 
@@ -30,7 +36,8 @@ import time
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (smoke test)")
-    parser.add_argument("--case", choices=("all", "resnet18", "world", "mlp"), default="all",
+    parser.add_argument("--case", choices=("all", "resnet18", "world", "mlp", "multihost"),
+                        default="all",
                         help="run one case only (default: all)")
     parser.add_argument("--cpu-devices", type=int, default=1,
                         help="XLA CPU devices (--xla_force_host_platform_device_count); the "
@@ -467,6 +474,71 @@ class TorchMixedBF16(nn.Module):
         return self.classifiers(self.generator(z).to(torch.bfloat16)).float()
 
 
+# ------------------------------------------------ (d) one process vs a two-process JAX job
+
+MULTIHOST_WORKER = """
+import json, sys, time
+rank, count, port, num = (int(a) for a in sys.argv[1:5])
+from cbcert.engine import distributed
+if count > 1:
+    distributed.initialize(f"127.0.0.1:{port}", num_processes=count, process_id=rank,
+                           cpu_collectives="gloo", timeout=60)
+import jax, numpy as np
+from cbcert.engine import keys, noise, sampler
+from cbcert.worlds.builtin import load_builtin
+world = load_builtin("default")
+apply_fn = world.latent_apply(("std", "cbm", "proto"))
+latents = np.asarray(jax.random.normal(jax.random.key(1), (4, world.generator.latent_dim)))
+key = keys.stream_key(jax.random.key(0), keys.STREAM_ESTIMATE)
+run = lambda: sampler.count_classes(apply_fn, world.params, latents, noise.Gaussian(), 0.25, key,
+                                    num, num_classes=world.num_classes, chunk_size=64)
+counts = run()  # compiles
+best = float("inf")
+for _ in range(2):
+    start = time.perf_counter()
+    again = run()
+    best = min(best, time.perf_counter() - start)
+assert (again == counts).all()
+print("RESULT " + json.dumps({"rate": len(latents) * num / best, "counts": counts.tolist()}))
+if count > 1:
+    distributed.finish()
+"""
+
+
+def multihost_rate(processes: int, num: int) -> tuple[float, list]:
+    """samples/s of the default world counted by a job of ``processes`` × 1 CPU device."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(
+                   os.path.abspath(__file__))), os.environ.get("PYTHONPATH")])))
+    workers = [subprocess.Popen([sys.executable, "-c", MULTIHOST_WORKER, str(rank), str(processes),
+                                 str(port), str(num)], env=env, stdout=subprocess.PIPE, text=True)
+               for rank in range(processes)]
+    outputs = [worker.communicate(timeout=900)[0] for worker in workers]
+    results = [json.loads(line[len("RESULT "):]) for out in outputs for line in out.splitlines()
+               if line.startswith("RESULT ")]
+    if len(results) != processes:
+        raise RuntimeError(f"a worker failed: {outputs}")
+    return results[0]["rate"], [r["counts"] for r in results]
+
+
+def case_multihost(quick: bool, peak: float) -> None:
+    del peak
+    print("\n(d) default-world pipeline (std/cbm/proto), one process with 1 CPU device vs a "
+          "jax.distributed job of 2 processes x 1 CPU device (gloo on loopback), chunks of 64")
+    num = 256 if quick else 1024
+    one, counts_one = multihost_rate(1, num)
+    two, counts_two = multihost_rate(2, num)
+    same = all(c == counts_one[0] for c in counts_two)
+    print(f"  1 process  x 1 device : {one:10.0f} samples/s")
+    print(f"  2 processes x 1 device: {two:10.0f} samples/s   x{two / one:.2f} vs 1 process "
+          f"(counts identical on every process and to 1 process: {same}; both share the "
+          f"{THREADS} cores of this machine)")
+
+
 # --------------------------------------------------------------------------------- reporting
 
 
@@ -494,7 +566,8 @@ def main() -> None:
     print("matmul 1024^3 GFLOP/s: " + ", ".join(f"{k} {v:.0f}" for k, v in matmul.items()))
     print(f"MFU below is relative to the measured fp32 peak {peak:.0f} GFLOP/s")
     started = time.perf_counter()
-    cases = {"resnet18": case_resnet18, "world": case_world, "mlp": case_mlp}
+    cases = {"resnet18": case_resnet18, "world": case_world, "mlp": case_mlp,
+             "multihost": case_multihost}
     for name, case in cases.items():
         if args.case in ("all", name):
             case(args.quick, peak)

@@ -18,18 +18,20 @@ from scipy import stats
 from cbcert.certify.cohen import ABSTAIN, certify_counts, predict_counts
 from cbcert.certify.hamming import BernoulliHammingRadius
 from cbcert.certify.l2 import L2Radius
-from cbcert.certify.sequential import (
-    STOP_REASONS,
+from cbcert.certify.schedule import (
     Schedule,
-    SequentialCertifier,
     Stopping,
-    certify_sequential,
     check_settings,
     largest_radius,
+    samples_needed,
+)
+from cbcert.certify.sequential import (
+    STOP_REASONS,
+    SequentialCertifier,
+    certify_sequential,
     pilot_hopeless,
     predict_sequential,
     reachable_radius,
-    samples_needed,
 )
 from cbcert.schema import ConfigError
 

@@ -172,7 +172,7 @@ def test_a_second_run_on_the_same_directory_is_refused_naming_the_holder(world, 
     import sys
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom cbcert.runs.directory import hold\n"
+        [sys.executable, "-c", "import sys, time\nfrom cbcert.runs.lock import hold\n"
          f"with hold({str(tmp_path)!r}):\n    print('held', flush=True)\n    time.sleep(600)"],
         stdout=subprocess.PIPE, text=True)
     try:
@@ -280,7 +280,7 @@ def test_fixed_runs_pin_the_settings_they_always_pinned(world, tmp_path):
 
 
 def test_preflight_refuses_hopeless_settings_before_sampling(world, tmp_path):
-    from cbcert.runs.certify import check_certifiable
+    from cbcert.runs.sequential import check_certifiable
     from cbcert.schema import ConfigError
 
     with pytest.raises(ConfigError) as err:

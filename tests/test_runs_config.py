@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,8 @@ def test_unknown_key_names_file_section_and_allowed(tmp_path):
         config.load_config(path)
     assert str(error.value) == (
         f"{path}: unknown key 'sigma' in section 'latent' "
-        "(allowed: sigmas, n0, n, alpha, two_class, models)"
+        "(allowed: sigmas, n0, n, alpha, two_class, models, schedule, target_radius, "
+        "radius_tolerance, first_checkpoint, checkpoint_ratio, final_alpha_share)"
     )
 
 
@@ -164,3 +166,34 @@ def test_configs_are_frozen_and_replace_revalidates():
 def test_manifest_is_plain_yaml():
     dumped = yaml.safe_dump(ExperimentConfig.from_preset_name("smoke").to_dict())
     assert ExperimentConfig.from_dict(yaml.safe_load(dumped)).name == "smoke"
+
+
+def test_schedule_keys_reach_the_cells_and_stay_out_of_old_manifests(tmp_path):
+    from cbcert.runs.sweep import plan_cells
+
+    reference = config.load_config(Path(__file__).parents[1] / "configs" / "reference.yaml")
+    assert not {"schedule", "target_radius"} & set(reference.to_dict()["latent"])
+    assert "two_class" not in reference.to_dict()["concept"]  # a later key, left at its default
+    cfg = config.load_config(_write(tmp_path, (
+        "latent: {schedule: sequential, target_radius: 1, first_checkpoint: 16}\n"
+        "concept: {two_class: true, schedule: sequential, radius_tolerance: 0.5}\n")))
+    assert cfg.latent.target_radius == 1.0 and isinstance(cfg.latent.target_radius, float)
+    assert ExperimentConfig.from_dict(cfg.to_dict()) == cfg
+    jobs = {cell.name: cell.job for cell in plan_cells(cfg, ("latent", "concept"))}
+    latent, concept = jobs["latent-sigma0.1"], jobs["concept-rho0.2"]
+    assert (latent.schedule, latent.target_radius, latent.first_checkpoint) == (
+        "sequential", 1.0, 16)
+    assert concept.two_class and concept.radius_tolerance == 0.5
+
+
+@pytest.mark.parametrize("text,message", [
+    ("latent: {target_radius: 0.5}", "key 'target_radius': got 0.5, which only the sequential"),
+    ("concept: {schedule: adaptive}", "key 'schedule': got 'adaptive', allowed: fixed, sequential"),
+    ("latent: {schedule: sequential, first_checkpoint: 2.5}",
+     "key 'first_checkpoint': expected an integer or null, got float 2.5"),
+    ("concept: {schedule: sequential, checkpoint_ratio: 1}",
+     "key 'checkpoint_ratio': expected a number in (1, 1e6], got 1.0"),
+])
+def test_bad_schedule_keys_name_section_and_key(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config.load_config(_write(tmp_path, text + "\n"))

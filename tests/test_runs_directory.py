@@ -9,9 +9,7 @@ from cbcert.runs import directory
 from cbcert.runs.directory import (
     RecordsError,
     RunDirError,
-    RunLockedError,
     check_writable,
-    hold,
     read_records,
     write_json,
 )
@@ -29,17 +27,6 @@ def test_out_under_a_file_or_read_only_is_refused_before_any_work(tmp_path, monk
     monkeypatch.setattr(directory.os, "access", lambda path, mode: False)
     with pytest.raises(RunDirError, match="not writable"):
         check_writable(tmp_path / "new")
-
-
-def test_lock_is_exclusive_names_the_holder_and_is_removed(tmp_path):
-    with hold(tmp_path):
-        holder = json.loads((tmp_path / ".lock").read_text())
-        with pytest.raises(RunLockedError, match=f'"pid": {holder["pid"]}'):
-            with hold(tmp_path):
-                pass
-    assert not (tmp_path / ".lock").exists()
-    with hold(tmp_path):  # free again
-        pass
 
 
 def _write(path, *records, tail=""):

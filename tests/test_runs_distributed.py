@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from cbcert.cli import main
 from cbcert.engine import distributed
-from cbcert.runs import directory, sweep
+from cbcert.runs import directory, lock, sweep
 from cbcert.runs.config import ConfigError, load_config
 from cbcert.runs.directory import RECORDS, SUMMARY
 
@@ -250,9 +250,9 @@ def test_sweep_status_lists_done_running_and_missing_cells(tmp_path):
     # A lock file left by a killed run is not a running cell.
     (out / "concept-flips1").mkdir()
     (out / "concept-flips1" / directory.LOCK).write_text('{"pid": 1}\n')
-    with directory.hold(out / "latent-sigma0.1"):
+    with lock.hold(out / "latent-sigma0.1"):
         result = CliRunner().invoke(main, ["sweep", str(config), "--out", str(out), "--status"])
-        held = directory.lock_holder(out / "latent-sigma0.1")
+        held = lock.lock_holder(out / "latent-sigma0.1")
     assert result.exit_code == 0, result.output
     lines = {line.split()[1]: line for line in result.output.splitlines()
              if line.startswith("│")}
@@ -263,7 +263,7 @@ def test_sweep_status_lists_done_running_and_missing_cells(tmp_path):
     assert "missing" in lines["concept-flips1"]
     assert "1 done, 1 running, 2 missing" in result.output
     assert held["pid"] == os.getpid()  # the probe left the holder's lock alone
-    assert directory.lock_holder(out / "latent-sigma0.1") is None  # released with the block
+    assert lock.lock_holder(out / "latent-sigma0.1") is None  # released with the block
 
     shard = CliRunner().invoke(main, ["sweep", str(config), "--out", str(out), "--status",
                                       "--shard", "1/2"])
@@ -347,7 +347,7 @@ def test_off_process_0_nothing_is_written_and_process_0_outcomes_are_shared(
     monkeypatch.setattr(directory, "distributed", _OtherProcess({"result": None}))
     out = tmp_path / "run"
     directory.check_writable(out)
-    with directory.hold(out):
+    with lock.hold(out):
         directory.open_run(out, {"job": 1})
         directory.write_json(out / SUMMARY, {"a": 1})
         assert not directory.write_json_once(out / "manifest.json", {"a": 1})
@@ -359,7 +359,7 @@ def test_off_process_0_nothing_is_written_and_process_0_outcomes_are_shared(
     monkeypatch.setattr(directory, "distributed", _OtherProcess(
         {"error": "RunLockedError", "message": "run is in use by another run (pid 7)",
          "key": "out", "detail": None}))
-    with pytest.raises(directory.RunLockedError, match="pid 7"), directory.hold(out):
+    with pytest.raises(directory.RunLockedError, match="pid 7"), lock.hold(out):
         pass
     monkeypatch.setattr(directory, "distributed", _OtherProcess(
         {"error": "OSError", "message": "disk full", "key": None, "detail": None}))

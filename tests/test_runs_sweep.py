@@ -199,7 +199,8 @@ def test_attack_only_config_is_not_checked_against_perturb_defaults(world, tmp_p
 
 
 def test_a_second_sweep_into_the_same_directory_is_refused(world, tmp_path):
-    from cbcert.runs.directory import RunLockedError, hold
+    from cbcert.runs.directory import RunLockedError
+    from cbcert.runs.lock import hold
 
     _, cfg = _config(tmp_path)
     out = tmp_path / "run"

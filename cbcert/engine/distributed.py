@@ -199,10 +199,10 @@ class _Watch(threading.Thread):
         super().__init__(name="cbcert-distributed-watch", daemon=True)
         self.client, self.me, self.count, self.hosts = client, me, count, hosts
         self.timeout, self.period, self.on_lost = timeout, period(timeout), on_lost
-        self._stopped = threading.Event()
+        self._halt = threading.Event()
 
     def stop(self) -> None:
-        self._stopped.set()
+        self._halt.set()
 
     def announce(self, value: str) -> None:
         try:
@@ -210,7 +210,7 @@ class _Watch(threading.Thread):
         except Exception:  # noqa: BLE001 - the service is gone: nobody is left to tell
             pass
 
-    def _name(self, process: int) -> str:
+    def _describe(self, process: int) -> str:
         return f"process {process} of {self.count} on {self.hosts.get(process, '?')}"
 
     def wait_for_others(self, seconds: float) -> None:
@@ -227,7 +227,7 @@ class _Watch(threading.Thread):
     def run(self) -> None:
         beat, last_value, last_change = 0, {}, {}
         last_contact = time.monotonic()
-        while not self._stopped.wait(self.period):
+        while not self._halt.wait(self.period):
             beat += 1
             now = time.monotonic()
             try:
@@ -235,8 +235,8 @@ class _Watch(threading.Thread):
                 beats = dict(self.client.key_value_dir_get(_BEAT))
                 last_contact = now
             except Exception as err:  # noqa: BLE001 - the service (process 0) is unreachable
-                if not self._stopped.is_set() and now - last_contact > self.timeout:
-                    self._lost(f"lost contact with the coordinator, {self._name(0)}, for "
+                if not self._halt.is_set() and now - last_contact > self.timeout:
+                    self._lost(f"lost contact with the coordinator, {self._describe(0)}, for "
                                f"{self.timeout:g} s ({' '.join(str(err).split())[:300]})")
                 continue
             for process in range(self.count):
@@ -246,20 +246,20 @@ class _Watch(threading.Thread):
                 if value == _DONE:
                     continue
                 if value is not None and value.startswith(_FAILED):
-                    self._lost(f"{self._name(process)} stopped with an error: "
+                    self._lost(f"{self._describe(process)} stopped with an error: "
                                f"{value[len(_FAILED):]}")
                     return
                 if value != last_value.get(process, ()):
                     last_value[process], last_change[process] = value, now
                 elif now - last_change[process] > self.timeout:
-                    self._lost(f"{self._name(process)} stopped responding: no heartbeat for "
+                    self._lost(f"{self._describe(process)} stopped responding: no heartbeat for "
                                f"{self.timeout:g} s; the job stops (results written so far are "
                                "intact: restart every process to resume)")
                     return
 
     def _lost(self, message: str) -> None:
-        if not self._stopped.is_set():
-            self._stopped.set()
+        if not self._halt.is_set():
+            self._halt.set()
             self.on_lost(message)
 
 

@@ -60,12 +60,12 @@ from cbcert.runs.directory import (
     check_types,
     check_writable,
     finite_or_none,
-    hold,
     json_line,
     open_run_dir,
     read_records,
     write_json,
 )
+from cbcert.runs.lock import hold
 from cbcert.runs.pool import agreement_pool, space_inputs
 from cbcert.schema import ConfigError, validate
 

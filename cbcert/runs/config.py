@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import yaml
 
-from cbcert.certify.sequential import SEQUENTIAL_KEYS, check_settings
+from cbcert.certify.schedule import SEQUENTIAL_KEYS, check_settings
 from cbcert.schema import ConfigError, Section, rule, short_repr, shorten, validate_sample_sizes
 
 _MODELS = ("std", "cbm", "proto")

@@ -5,10 +5,7 @@ the same way:
 
 * ``check_writable(out)`` before any work: a read-only directory, or a path under a file, is
   refused in a second instead of after an hour of sampling;
-* ``hold(out)`` takes an exclusive ``flock`` on ``out/.lock`` for the whole run; a second
-  process on the same directory is refused, naming the holder (pid, host, command, start).
-  The file is removed when the run ends; the kernel drops the lock when its process dies
-  (even ``kill -9``), so the stale file such a death leaves never blocks a resume;
+* ``hold(out)`` (`cbcert.runs.lock`) takes an exclusive lock for the whole run;
 * ``open_run(out, meta)`` pins the run's settings in ``run.json``; a rerun with other settings
   is refused, a damaged ``run.json`` is reported with its path;
 * ``read_records(path, key, check)`` reads the JSONL records appended as work finishes: a torn
@@ -24,20 +21,15 @@ checks, locks, pins and reads, and every other process receives the same outcome
 bytes of a records file, the same error) through `on_coordinator` and `read_shared`, so all
 processes continue in lock step; `write_json`, `append_records` and the lock do nothing
 anywhere else. The directory therefore needs to exist only on process 0's host.
-`lock_holder` tells whether a directory's lock is held (``certify sweep --status``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import math
 import os
 import socket
-import sys
-import time
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -53,9 +45,6 @@ SUMMARY = "summary.json"
 LOCK = ".lock"
 # Fields that legitimately differ between two computations of the same record.
 WALL_CLOCK_FIELDS = frozenset({"seconds"})
-# A lock probe (`lock_holder`) holds a directory's lock for microseconds; `hold` retries this
-# often, 20 ms apart, before it calls the directory busy.
-_LOCK_TRIES = 5
 _T = TypeVar("_T")
 
 
@@ -142,100 +131,6 @@ def _check_writable(out: Path) -> None:
     if not os.access(probe, os.W_OK | os.X_OK):
         what = "directory" if probe == out else f"parent directory {probe}"
         raise RunDirError(f"{out}: the {what} is not writable")
-
-
-def _holder() -> dict[str, Any]:
-    return {"pid": os.getpid(), "host": socket.gethostname(),
-            "command": shorten(" ".join(sys.argv)), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-
-
-@contextlib.contextmanager
-def hold(out: Path, name: str = LOCK) -> Iterator[Path]:
-    """Exclusive lock on ``out/name`` for the duration of the block (creates ``out``).
-
-    In a multi-host job process 0 takes the lock and the others share its outcome.
-
-    Raises:
-      RunLockedError: another process holds it; the message names that process.
-      RunDirError: ``out`` cannot be created or written.
-    """
-    with contextlib.ExitStack() as stack:
-        on_coordinator(lambda: stack.enter_context(_locked(Path(out), name)) and None)
-        yield Path(out)
-
-
-def _flock(handle) -> OSError | None:
-    """Try the exclusive lock a few times (a `lock_holder` probe may hold it briefly)."""
-    for attempt in range(_LOCK_TRIES):
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return None
-        except OSError as err:
-            if err.errno not in (errno.EAGAIN, errno.EACCES) or attempt == _LOCK_TRIES - 1:
-                return err
-            time.sleep(0.02)
-    return None
-
-
-@contextlib.contextmanager
-def _locked(out: Path, name: str) -> Iterator[Path]:
-    _check_writable(out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / name
-    handle = open(path, "a+")  # noqa: SIM115 - held open for the whole block
-    locked = False
-    try:
-        err = _flock(handle)
-        if err is not None:
-            if err.errno not in (errno.EAGAIN, errno.EACCES):
-                raise RunDirError(f"{path}: cannot lock ({err.strerror})") from None
-            handle.seek(0)
-            holder = shorten(handle.read().strip() or "an unknown process")
-            raise RunLockedError(f"{out} is in use by another run ({holder}); wait for it to "
-                                 "finish or use another --out") from None
-        # The holder removes the file when it is done; a lock taken on a file removed in
-        # between would guard nothing, so the path must still name the locked file.
-        if not path.exists() or os.stat(path).st_ino != os.fstat(handle.fileno()).st_ino:
-            raise RunLockedError(f"{out} was in use by another run that just finished; retry")
-        locked = True
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps(_holder()) + "\n")
-        handle.flush()
-        yield out
-    finally:
-        if locked:
-            path.unlink(missing_ok=True)
-        handle.close()  # releases the lock
-
-
-def lock_holder(out: Path, name: str = LOCK) -> dict[str, Any] | None:
-    """Who holds ``out/name`` (the holder's pid, host, command, start), or None if nobody.
-
-    Probes with a shared, non-blocking ``flock`` released at once (works wherever `hold`
-    does, NFS included); a lock file left by a killed run is not held and gives None.
-    """
-    path = Path(out) / name
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno not in (errno.EAGAIN, errno.EACCES):
-                return None
-            text = os.read(fd, 4096).decode("utf-8", "replace").strip()
-            try:
-                holder = json.loads(text)
-            except json.JSONDecodeError:
-                holder = None
-            return holder if isinstance(holder, dict) else {"holder": text or "unknown"}
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
 
 
 def read_json(path: Path) -> Any:
@@ -472,6 +367,6 @@ def check_field(record: dict, field: str, allowed, what: str) -> None:
 __all__ = [
     "LOCK", "RECORDS", "RUN", "SUMMARY", "RecordsError", "RunDirError", "RunLockedError",
     "RunMismatchError", "append_records", "check_field", "check_writable", "finite_or_none",
-    "hold", "is_writer", "json_line", "lock_holder", "on_coordinator", "open_run", "read_json",
+    "is_writer", "json_line", "on_coordinator", "open_run", "read_json",
     "read_records", "read_shared", "write_json", "write_json_once",
 ]

@@ -45,12 +45,12 @@ from cbcert.runs.directory import (
     append_records,
     check_field,
     check_writable,
-    hold,
     json_line,
     open_run_dir,
     read_records,
     write_json,
 )
+from cbcert.runs.lock import hold
 from cbcert.runs.pool import agreement_pool, encode_inputs
 from cbcert.schema import ConfigError, validate, value_name
 

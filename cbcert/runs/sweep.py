@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import yaml
 
-from cbcert.certify.sequential import SEQUENTIAL_KEYS
+from cbcert.certify.schedule import SEQUENTIAL_KEYS
 from cbcert.certify.smoothing import of_space
 from cbcert.runs import attack as attack_runner
 from cbcert.runs import certify as certify_runner
@@ -53,12 +53,11 @@ from cbcert.runs.directory import (
     RecordsError,
     RunMismatchError,
     check_writable,
-    hold,
-    lock_holder,
     on_coordinator,
     read_json,
     write_json_once,
 )
+from cbcert.runs.lock import hold, lock_holder
 from cbcert.schema import value_name
 
 SECTIONS = ("latent", "concept", "perturb", "attack")
