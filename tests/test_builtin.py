@@ -149,3 +149,67 @@ def test_a_checkpoint_of_another_kind_is_refused(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="kind='cbae', not 'world-classifiers'"):
         load_builtin("default", weights=tmp_path / "w")
 
+
+
+def _untrained_result(seed: int = 5):
+    """What ``training.world_nets.train`` returns, with untrained nets (no minutes of training)."""
+    from flax import nnx
+
+    from cbcert.models.world_nets import WorldClassifiers
+    from cbcert.training.world_nets import split_model
+
+    net_config = net_config_for(ConceptWorldConfig.from_preset("default"))
+    graphdef, state, params = split_model(WorldClassifiers(net_config, rngs=nnx.Rngs(seed)))
+    metrics = {"accuracy": {"std": 0.5}, "concept_accuracy": 0.5}
+    return net_config, graphdef, state, params, metrics
+
+
+def test_user_dir_follows_cbcert_home_then_xdg(monkeypatch, tmp_path):
+    from cbcert.worlds.builtin import user_dir
+
+    monkeypatch.setenv("CBCERT_HOME", str(tmp_path / "home"))
+    assert user_dir() == tmp_path / "home" / "worlds"
+    monkeypatch.delenv("CBCERT_HOME")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert user_dir() == tmp_path / "data" / "cbcert" / "worlds"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert user_dir() == tmp_path / "user" / ".local" / "share" / "cbcert" / "worlds"
+
+
+def test_train_world_writes_to_the_user_dir_and_runners_load_it(monkeypatch, tmp_path):
+    """``certify train world`` never writes into the package; what it wrote replaces the shipped
+    weights for every runner (``load_builtin``), and the shipped files stay byte-identical."""
+    from click.testing import CliRunner
+
+    from cbcert.cli import main
+    from cbcert.training import world_nets
+    from cbcert.worlds.builtin import shipped_path, user_path
+
+    monkeypatch.setenv("CBCERT_HOME", str(tmp_path))
+    shipped = {p: p.read_bytes() for p in shipped_path("default").rglob("*") if p.is_file()}
+    assert weights_path("default") == shipped_path("default")
+    monkeypatch.setattr(world_nets, "train", lambda world, config, log: _untrained_result())
+    result = CliRunner().invoke(main, ["train", "world", "--preset", "default", "--quick"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "worlds" / "default" / checkpoint.MANIFEST).is_file()
+    assert weights_path("default") == user_path("default") == tmp_path / "worlds" / "default"
+    world = load_builtin("default")
+    assert world.metadata["weights"] == str(tmp_path / "worlds" / "default")
+    assert world.metadata["metrics"]["accuracy"] == {"std": 0.5}
+    assert {p: p.read_bytes() for p in shipped_path("default").rglob("*") if p.is_file()} == shipped
+
+
+def test_train_world_checks_out_before_training(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from cbcert.cli import main
+    from cbcert.training import world_nets
+
+    def never(*args, **kwargs):
+        raise AssertionError("trained although --out cannot be written")
+
+    monkeypatch.setattr(world_nets, "train", never)
+    (tmp_path / "file").write_text("x")
+    result = CliRunner().invoke(main, ["train", "world", "--out", str(tmp_path / "file" / "w")])
+    assert result.exit_code == 2 and "--out" in result.output and "under the file" in result.output

@@ -56,25 +56,28 @@ def train() -> None:
 @click.option("--preset", default="default", show_default=True, help="World preset.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Checkpoint directory (default: the package's shipped weights for --preset).")
+              help="Checkpoint directory (default: <user data dir>/worlds/<preset>, i.e. "
+                   "$CBCERT_HOME/worlds/<preset> or ~/.local/share/cbcert/worlds/<preset>; "
+                   "runners load it instead of the shipped weights).")
 @click.option("--quick", is_flag=True, help="A few steps of each phase (smoke test, not accurate).")
 def train_world(preset: str, seed: int, out: Path | None, quick: bool) -> None:
     """Train f_std, PCBM (+ PCBM-h) and the prototype net on a world, reproducibly from --seed."""
     from cbcert.generators.concept_world import ConceptWorldConfig, make_world
     from cbcert.training.world_nets import TrainConfig, save_trained, train
-    from cbcert.worlds.builtin import weights_path
+    from cbcert.worlds.builtin import user_path
 
     common.check("seed", seed, "--seed")
     try:
         config = ConceptWorldConfig.from_preset(preset)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--preset") from None
+    target = common.writable_out(out or user_path(preset))  # checked before minutes of training
     tc = TrainConfig(seed=seed)
     if quick:
         tc = TrainConfig.quick(seed)
     world_obj = make_world(config)
     result = train(world_obj, tc, log=lambda s: common.err_console.print(s))
-    path = save_trained(out or weights_path(preset), config, result)
+    path = save_trained(target, config, result)
     metrics = result[-1]
     common.console.print_json(data={"accuracy": metrics["accuracy"],
                              "concept_accuracy": metrics["concept_accuracy"]})

@@ -1,13 +1,16 @@
 """The embedded default world: the procedural generator plus the shipped trained classifiers.
 
-Weights live in ``cbcert/worlds/weights/<preset>/``, a checkpoint of kind
+Shipped weights live in ``cbcert/worlds/weights/<preset>/``, a checkpoint of kind
 ``"world-classifiers"`` in cbcert's one format (``cbcert.io.checkpoint``: orbax params and a
 manifest of sha256 hashes, checked at load time, plus the world config they were trained for
-and their metrics). ``certify train world`` re-creates them from a seed.
+and their metrics). ``certify train world`` re-creates them from a seed, writing into the
+user's data directory (`user_dir`), never into the installed package; `weights_path` prefers a
+preset's weights there over the shipped ones, so every runner loads what the user trained.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import jax
@@ -20,13 +23,36 @@ from cbcert.models.world_nets import HEADS, NetConfig, WorldClassifiers
 from cbcert.schema import shorten
 from cbcert.worlds.world import World
 
-WEIGHTS_DIR = Path(__file__).parent / "weights"
+WEIGHTS_DIR = Path(__file__).parent / "weights"  # shipped with the package, read only
 KIND = "world-classifiers"
+HOME_ENV = "CBCERT_HOME"
+
+
+def user_dir() -> Path:
+    """Where trained world weights go: ``$CBCERT_HOME/worlds`` if set, else
+    ``$XDG_DATA_HOME/cbcert/worlds`` (``~/.local/share/cbcert/worlds`` by default)."""
+    home = os.environ.get(HOME_ENV)
+    if home:
+        return Path(home).expanduser() / "worlds"
+    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data).expanduser() / "cbcert" / "worlds"
+
+
+def user_path(preset: str) -> Path:
+    """Directory ``certify train world --preset preset`` writes by default."""
+    return user_dir() / preset
+
+
+def shipped_path(preset: str) -> Path:
+    """Directory of the weights shipped in the package for ``preset`` (may not exist)."""
+    return WEIGHTS_DIR / preset
 
 
 def weights_path(preset: str) -> Path:
-    """Directory of the shipped weights of a world preset."""
-    return WEIGHTS_DIR / preset
+    """The weights a runner loads for ``preset``: the user's (`user_path`) if they have been
+    trained, else the shipped ones (`shipped_path`)."""
+    user = user_path(preset)
+    return user if (user / checkpoint.MANIFEST).is_file() else shipped_path(preset)
 
 
 def net_config_for(config: ConceptWorldConfig) -> NetConfig:
@@ -62,7 +88,8 @@ def load_builtin(preset: str = "default", weights: str | Path | None = None) -> 
 
     Args:
       preset: world preset (``ConceptWorldConfig.from_preset``).
-      weights: checkpoint directory; default the shipped one for ``preset``.
+      weights: checkpoint directory; default `weights_path` (the user's trained weights for
+        ``preset`` if any, else the shipped ones).
     Raises:
       ValueError (``CheckpointError``) if the weights are missing, corrupted or do not match.
     """
@@ -70,7 +97,8 @@ def load_builtin(preset: str = "default", weights: str | Path | None = None) -> 
     path = Path(weights) if weights is not None else weights_path(preset)
     if not (path / checkpoint.MANIFEST).is_file():
         raise checkpoint.CheckpointError(
-            f"no trained weights for world preset {preset!r} at {path}; "
+            f"no trained weights for world preset {preset!r} (looked in "
+            f"{user_path(preset)} and the package); "
             f"train them with `certify train world --preset {preset}`"
         )
     manifest = checkpoint.read_manifest(path)
