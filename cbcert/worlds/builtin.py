@@ -96,9 +96,9 @@ def load_builtin(preset: str = "default", weights: str | Path | None = None) -> 
     config = ConceptWorldConfig.from_preset(preset)
     path = Path(weights) if weights is not None else weights_path(preset)
     if not (path / checkpoint.MANIFEST).is_file():
+        where = path if weights is not None else f"{user_path(preset)} or {shipped_path(preset)}"
         raise checkpoint.CheckpointError(
-            f"no trained weights for world preset {preset!r} (looked in "
-            f"{user_path(preset)} and the package); "
+            f"no trained weights for world preset {preset!r} at {where}; "
             f"train them with `certify train world --preset {preset}`"
         )
     manifest = checkpoint.read_manifest(path)
