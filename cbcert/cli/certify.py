@@ -34,8 +34,9 @@ def certify_options(fn):
                      help="Inputs certified, from the std/cbm agreement set of the pool."),
         click.option("--batch", type=int, default=_default("batch"), show_default=True,
                      help="Inputs per engine call (unit of progress and resumption)."),
-        click.option("--models", default=",".join(_default("models")), show_default=True,
-                     help="Comma-separated models: std, cbm, cbmh (PCBM-h), proto."),
+        click.option("--models", default=None,
+                     help="Comma-separated models: std, cbm, cbmh (PCBM-h), proto "
+                          f"[default: {','.join(_default('models'))}; pixels worlds: std]."),
         click.option("--two-class", is_flag=True,
                      help="Two-class bound with the runner-up (α split between the bounds)."),
         click.option("--schedule", type=click.Choice(["fixed", "sequential"]),
@@ -60,7 +61,20 @@ def certify_options(fn):
         click.option("--dtype", type=click.Choice(["float32", "bfloat16"]),
                      default=_default("dtype"), show_default=True,
                      help="Compute dtype of generator and classifiers."),
-        common.world_option(),
+        common.world_option("Built-in world preset (default, k8, k16, px64, similar5, …), a "
+                            "world directory with a world.json, or pixels:IMAGES (an .npz "
+                            "with x[N,H,W,3] in [0,1] and y[N], or a folder of PNGs with "
+                            "labels.txt) with --classifier: pixel-space smoothing, σ in pixel "
+                            "units on [0, 1]."),
+        click.option("--classifier", type=click.Path(path_type=Path), default=None,
+                     help="pixels worlds: a `certify convert`ed resnet*/densenet* directory "
+                          "(the model std)."),
+        click.option("--normalize", type=click.Choice(["imagenet", "cifar10", "none"]),
+                     default="imagenet", show_default=True,
+                     help="pixels worlds: per-channel mean/std applied after the noise."),
+        click.option("--export", type=click.Choice(["cohen"]), default=None,
+                     help="Also write cohen-<model>.tsv: locuslab/smoothing's columns "
+                          "(idx label predict [radius] correct time)."),
         click.option("--seed", type=int, default=_default("seed"), show_default=True,
                      help="Root seed of the pool and of all noise."),
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -78,10 +92,12 @@ def run_certification(noise: str, scale, mode: str, opts: dict) -> dict:
     from cbcert.runs.certify import run
 
     kind = smoothing(noise)
+    pixels = opts["world_name"].startswith("pixels:")
+    models = opts["models"] or ("std" if pixels else ",".join(_default("models")))
     with common.bad_input():
         job = CertifyJob(noise=noise, scale=scale, mode=mode, n0=opts["n0"], n=opts["n"],
                          alpha=opts["alpha"], two_class=opts["two_class"],
-                         models=common.names(opts["models"]), seed=opts["seed"],
+                         models=common.names(models), seed=opts["seed"],
                          num_inputs=opts["inputs"], batch=opts["batch"], dtype=opts["dtype"],
                          **{key: opts[key] for key in SCHEDULE_KEYS})
     common.check_memory(opts["chunk_size"], opts["max_memory"])
@@ -89,12 +105,15 @@ def run_certification(noise: str, scale, mode: str, opts: dict) -> dict:
     name = f"{prefix}{kind.name(scale)}"
     out = common.writable_out(opts["out"] or Path("results") / f"{name}-seed{job.seed}")
     world = common.load_agreement_world(opts["world_name"], job.models,
-                                        concepts=kind.space == "concept")
+                                        concepts=kind.space == "concept",
+                                        classifier=opts["classifier"],
+                                        normalize=opts["normalize"], pixels=True)
     with common.bad_input():
         kind.check(scale, world.generator.num_concepts)
         with bar(f"{mode} {name}", opts["quiet"]) as progress:
             summary = run(world, job, out, progress=progress, chunk_size=opts["chunk_size"],
-                          max_memory=opts["max_memory"], preflight=True)
+                          max_memory=opts["max_memory"], preflight=True,
+                          export=opts["export"])
     if not opts["quiet"]:
         print_summary(summary, job, world, out)
     return summary

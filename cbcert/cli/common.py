@@ -83,37 +83,48 @@ def writable_out(out: Path) -> Path:
     return out
 
 
-def load_world(name: str):
-    """A world directory (``world.json``) if ``name`` is an existing directory, else a preset.
+def load_world(name: str, *, classifier: Path | None = None, normalize: str = "imagenet"):
+    """The world ``--world`` names (`cbcert.worlds.load.load_world`): ``pixels:IMAGES`` (with
+    ``--classifier``), a world directory (``world.json``) or a built-in preset.
 
-    Missing, damaged or mismatched weights and manifests are bad input: exit 2 naming --world.
+    Missing, damaged or mismatched weights, manifests and images are bad input: exit 2 naming
+    --world (or --classifier for the classifier of a pixels world).
     """
-    from cbcert.worlds.builtin import load_builtin
+    from cbcert.worlds.load import load_world as load
 
+    if classifier is not None and not name.startswith("pixels:"):
+        raise click.BadParameter(f"--classifier applies to --world pixels:IMAGES only; {name!r} "
+                                 "brings its own classifiers", param_hint="--classifier")
     try:
-        if Path(name).is_dir():
-            from cbcert.worlds.directory import load_world_dir
-
-            return load_world_dir(name)
-        return load_builtin(name)
+        return load(name, classifier=classifier, normalize=normalize)
     except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--world") from None
+        hint = "--classifier" if str(err).startswith(("classifier", "a pixels world needs")) \
+            else "--world"
+        raise click.BadParameter(str(err), param_hint=hint) from None
 
 
-def load_agreement_world(name: str, models: tuple[str, ...], *, concepts: bool = False):
+def load_agreement_world(name: str, models: tuple[str, ...], *, concepts: bool = False,
+                         classifier: Path | None = None, normalize: str = "imagenet",
+                         pixels: bool = False):
     """A world for a command on the std/cbm agreement set, checked against ``--models``.
 
     ``concepts``: the command perturbs concepts, so the world needs a concept bottleneck.
+    ``pixels``: the command accepts a ``pixels:IMAGES`` world (fixed inputs, no agreement set);
+    other commands refuse one.
     """
-    world = load_world(name)
+    if name.startswith("pixels:") and not pixels:
+        raise click.BadParameter(f"{name}: pixels worlds work with certify latent and certify "
+                                 "predict --space latent only", param_hint="--world")
+    world = load_world(name, classifier=classifier, normalize=normalize)
     with bad_input():
         world.check_models(models)
-    if "std" not in world.model_names or "cbm" not in world.model_names:
-        raise click.BadParameter("the agreement set needs a world with 'std' and 'cbm' models",
-                                 param_hint="--world")
     if concepts and world.generator.num_concepts == 0:
         raise click.BadParameter(f"{world.name} has no concept bottleneck (no CB-AE): "
                                  "concept-space commands are unavailable", param_hint="--world")
+    if world.dataset is None and ("std" not in world.model_names
+                                  or "cbm" not in world.model_names):
+        raise click.BadParameter("the agreement set needs a world with 'std' and 'cbm' models",
+                                 param_hint="--world")
     return world
 
 

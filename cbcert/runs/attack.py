@@ -63,6 +63,7 @@ from cbcert.runs.directory import (
     json_line,
     open_run_dir,
     read_records,
+    world_pin,
     write_json,
 )
 from cbcert.runs.lock import hold
@@ -196,7 +197,7 @@ def records_of(path: Path, job: AttackJob, indices) -> list[dict]:
 
 
 def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> dict[str, Any]:
-    open_run_dir(out, {"job": asdict(job), "world": world.name})
+    open_run_dir(out, world_pin({"job": asdict(job), "world": world.name}, world))
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
     records_path = out / RECORDS

@@ -19,13 +19,13 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
+from cbcert.api import Noise, Smoothed
 from cbcert.certify import metrics
-from cbcert.certify.cohen import ABSTAIN, certify_counts, predict_counts
+from cbcert.certify.cohen import ABSTAIN
 from cbcert.certify.schedule import SEQUENTIAL_KEYS, Schedule, Stopping, check_settings
 from cbcert.certify.sequential import STOP_REASONS
 from cbcert.certify.smoothing import Smoothing, smoothing
 from cbcert.engine.keys import Stream, stream_key
-from cbcert.engine.sampler import count_classes
 from cbcert.runs import sequential
 from cbcert.runs.directory import (
     RECORDS,
@@ -38,8 +38,10 @@ from cbcert.runs.directory import (
     json_line,
     open_run_dir,
     read_records,
+    world_pin,
     write_json,
 )
+from cbcert.runs.export import FORMATS, write_cohen
 from cbcert.runs.lock import hold
 from cbcert.runs.pool import agreement_pool, space_inputs
 from cbcert.schema import ConfigError, validate, validate_sample_sizes
@@ -196,6 +198,7 @@ def run(
     chunk_size: int | None = None,
     max_memory: int | None = None,
     preflight: bool = False,
+    export: str | None = None,
 ) -> dict[str, Any]:
     """Certify (or predict) every model of ``job`` on the agreement pool; resumable.
 
@@ -218,20 +221,24 @@ def run(
     model is hopeless on every one of them (``runs.sequential.pilot``). The fixed schedule runs
     no pilot: it behaves exactly as it always has.
 
+    ``export="cohen"``: also write ``cohen-<model>.tsv`` from the records
+    (`cbcert.runs.export`). A world with fixed inputs (``world.dataset``, pixels) certifies
+    them in order with their own labels.
+
     Returns the summary dict (per model metrics).
     """
     out = Path(out)
     check_writable(out)
     with hold(out):
-        return _run(world, job, out, progress, chunk_size, max_memory, preflight)
+        return _run(world, job, out, progress, chunk_size, max_memory, preflight, export)
 
 
 def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
-         preflight: bool = False) -> dict[str, Any]:
+         preflight: bool = False, export: str | None = None) -> dict[str, Any]:
     k = world.generator.num_concepts
     if preflight:
         sequential.check_certifiable(job, k)
-    open_run_dir(out, {"job": job.pinned(), "world": world.name})
+    open_run_dir(out, world_pin({"job": job.pinned(), "world": world.name}, world))
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
     records_path = out / RECORDS
@@ -268,6 +275,9 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
     if progress:
         progress(finished, job.num_inputs)
     batches = range(0, len(todo), job.batch) if job.schedule == "fixed" else ()
+    smoothed = Smoothed(apply_fn, params, Noise(job.noise, job.scale, k),
+                        num_classes=world.num_classes, chunk_size=chunk_size,
+                        max_memory=max_memory, dtype=common["dtype"])
     with append_records(records_path) as sink:
         if job.schedule == "sequential" and todo:
             model = sequential.Sampling(apply_fn, params, noise, rule, root, common)
@@ -277,43 +287,16 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
             rows = np.asarray(todo[b : b + job.batch])
             idx = pool.indices[rows]
             start = time.perf_counter()
-            counts = count_classes(
-                apply_fn,
-                params,
-                inputs[rows],
-                noise,
-                job.scale,
-                stream_key(root, Stream.ESTIMATE),
-                job.n,
-                indices=idx,
-                **common,
-            )
             if job.mode == "certify":
-                counts0 = count_classes(
-                    apply_fn,
-                    params,
-                    inputs[rows],
-                    noise,
-                    job.scale,
-                    stream_key(root, Stream.SELECT),
-                    job.n0,
-                    indices=idx,
-                    **common,
-                )
+                result = smoothed.certify(inputs[rows], root, job.n0, job.n, job.alpha,
+                                          two_class=job.two_class, indices=idx)  # [T, H]
+                extra = {"p_lower": result.p_lower, "p_upper": result.p_upper,
+                         "radius": result.radius}
+            else:
+                result = smoothed.predict(inputs[rows], root, job.n, job.alpha, indices=idx)
+                extra = {"p_value": result.p_value}
             seconds = (time.perf_counter() - start) / len(rows)
             for h, model in enumerate(job.models):
-                if job.mode == "certify":
-                    result = certify_counts(
-                        counts0[:, h], counts[:, h], job.alpha, rule, two_class=job.two_class
-                    )
-                    extra = {
-                        "p_lower": result.p_lower,
-                        "p_upper": result.p_upper,
-                        "radius": result.radius,
-                    }
-                else:
-                    result = predict_counts(counts[:, h], job.alpha)
-                    extra = {"p_value": result.p_value}
                 for r, row in enumerate(rows):
                     if (int(pool.indices[row]), model) in done:
                         continue
@@ -324,11 +307,11 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
                         "true_label": None
                         if pool.true_labels is None
                         else int(pool.true_labels[row]),
-                        "prediction": int(result.prediction[r]),
-                        "count_top": int(result.count_top[r]),
-                        "count_runner_up": int(result.count_runner_up[r]),
-                        **{key: finite_or_none(value[r]) for key, value in extra.items()},
-                        "correct": bool(result.prediction[r] == pool.labels[row]),
+                        "prediction": int(result.prediction[r, h]),
+                        "count_top": int(result.count_top[r, h]),
+                        "count_runner_up": int(result.count_runner_up[r, h]),
+                        **{key: finite_or_none(value[r, h]) for key, value in extra.items()},
+                        "correct": bool(result.prediction[r, h] == pool.labels[row]),
                         "seconds": seconds,
                     }
                     sink.write(json_line(record))
@@ -337,9 +320,15 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
             if progress:
                 progress(finished, job.num_inputs)
 
-    summary = summarize_records(records_of(records_path, job, pool.indices), job, k)
+    records = records_of(records_path, job, pool.indices)
+    summary = summarize_records(records, job, k)
     summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
     write_json(out / SUMMARY, summary)
+    if export is not None:
+        if export not in FORMATS:
+            raise ConfigError(f"export={export!r}: allowed {', '.join(FORMATS)}", key="export",
+                              value=export, allowed=", ".join(FORMATS))
+        write_cohen(out, records, job.models, job.mode)
     return summary
 
 

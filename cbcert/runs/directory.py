@@ -243,6 +243,14 @@ def open_run_dir(out: Path, meta: dict[str, Any]) -> None:
     open_run(out, meta, run_info())
 
 
+def world_pin(meta: dict[str, Any], world) -> dict[str, Any]:
+    """``meta`` plus ``world_identity`` when the world declares one (``metadata["identity"]``:
+    e.g. a pixels world's images and classifier hashes), so a run never resumes on other data.
+    Worlds without one pin their name only, as before."""
+    identity = (world.metadata or {}).get("identity")
+    return meta if identity is None else {**meta, "world_identity": identity}
+
+
 def run_info() -> dict[str, Any]:
     """What ``run.json`` records besides the settings: versions and devices."""
     import cbcert
@@ -368,5 +376,5 @@ __all__ = [
     "LOCK", "RECORDS", "RUN", "SUMMARY", "RecordsError", "RunDirError", "RunLockedError",
     "RunMismatchError", "append_records", "check_field", "check_writable", "finite_or_none",
     "is_writer", "json_line", "on_coordinator", "open_run", "read_json",
-    "read_records", "read_shared", "write_json", "write_json_once",
+    "read_records", "read_shared", "world_pin", "write_json", "write_json_once",
 ]

@@ -77,8 +77,11 @@ def agreement_pool(
     Latents are searched in blocks of ``block``; each block is classified by the engine in
     chunks within ``max_memory`` (or of ``chunk_size``), so a large generator never renders a
     whole block at once. Raises ValueError if fewer are found among ``max_pool`` (default
-    ``20 · num_inputs``) latents.
+    ``20 · num_inputs``) latents. A world with fixed inputs (``world.dataset``, e.g. pixel
+    space) has no agreement set: see `dataset_pool`.
     """
+    if world.dataset is not None:
+        return dataset_pool(world, num_inputs)
     max_pool = max_pool or max(20 * num_inputs, block)
     params = world.params
     predict = clean_predictor(world, space, ("std", "cbm"))
@@ -112,6 +115,19 @@ def agreement_pool(
         latents=latents,
         pool_size=start,
     )
+
+
+def dataset_pool(world, num_inputs: int) -> Pool:
+    """The first ``num_inputs`` fixed inputs of ``world.dataset`` in file order, each labelled
+    with its own label (reference label = true label); no agreement filter, no noise drawn."""
+    data = world.dataset
+    total = len(data.labels)
+    if num_inputs > total:
+        raise PoolTooSmallError(f"{world.name} holds {total} inputs, fewer than the "
+                                f"{num_inputs} inputs asked for")
+    labels = data.labels[:num_inputs]
+    return Pool(indices=np.arange(num_inputs), labels=labels, true_labels=labels,
+                latents=data.latents[:num_inputs], pool_size=total)
 
 
 @functools.lru_cache(maxsize=32)

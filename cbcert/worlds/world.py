@@ -34,7 +34,11 @@ class World:
       model_names: the models this world offers, e.g. ``("std", "cbm", "cbmh", "proto")``.
       class_names: ``C`` names.
       true_label: optional ``(gen_params, z[B, d]) -> int32[B]`` ground-truth classes.
-      metadata: provenance (weights manifest, documented accuracies…).
+      metadata: provenance (weights manifest, documented accuracies…); ``metadata["identity"]``,
+        when present, is pinned in every run directory (``run.json``) with the name.
+      dataset: fixed inputs instead of generated ones (``cbcert.worlds.pixels.Dataset``:
+        ``latents[N, d]``, ``labels[N]``): the pool is these inputs in order, each with its
+        own label, and there is no agreement set; None for generated worlds.
     """
 
     name: str
@@ -46,6 +50,7 @@ class World:
     class_names: tuple[str, ...]
     true_label: Callable[[Params, jax.Array], jax.Array] | None = None
     metadata: dict | None = None
+    dataset: Any = None
 
     @property
     def num_classes(self) -> int:

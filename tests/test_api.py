@@ -1,0 +1,194 @@
+"""The public Python API (`cbcert.api`, exported from `cbcert`): doctests, results against the
+certificate kernels, and identity with the CLI's records on the same settings."""
+
+import doctest
+import json
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import cbcert
+import cbcert.api
+import cbcert.worlds.load
+from cbcert.certify.cohen import certify_counts, predict_counts
+from cbcert.certify.l2 import L2Radius
+from cbcert.cli import main
+from cbcert.engine.keys import Stream
+from cbcert.runs.directory import RECORDS
+from cbcert.runs.pool import agreement_pool, space_inputs
+from cbcert.schema import ConfigError
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_module_doctests_run():
+    for module in (cbcert.api, cbcert.worlds.load):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_readme_api_example_runs_as_a_doctest():
+    """The README's Python API section is a doctest (every ``>>>`` line in README.md)."""
+    assert README.read_text().count(">>> ") >= 5
+    result = doctest.testfile(str(README), module_relative=False)
+    assert result.attempted >= 5 and result.failed == 0
+
+
+def test_public_names_are_exported():
+    for name in ("smooth", "gaussian", "bernoulli", "fixed_flips", "load_world",
+                 "load_converted", "ABSTAIN", "Smoothed", "Noise"):
+        assert name in dir(cbcert) and getattr(cbcert, name) is not None
+    assert cbcert.ABSTAIN == -1
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        cbcert.nope  # noqa: B018
+
+
+def _linear(params, x):
+    return x @ params["w"]
+
+
+PARAMS = {"w": jnp.array([[1.0, -1.0, 0.0], [0.0, 0.5, 1.0]])}
+
+
+def test_certify_equals_the_kernels_on_the_api_counts():
+    """certify = certify_counts(selection counts, estimation counts) with the same streams."""
+    smoothed = cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.4))
+    x = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.3, 0.3], [0.0, 0.0]])
+    key = jax.random.key(5)
+    cert = smoothed.certify(x, key, n0=30, n=400, alpha=0.01)
+    select = smoothed.counts(x, key, 30, stream=Stream.SELECT)
+    estimate = smoothed.counts(x, key, 400)
+    assert select.shape == estimate.shape == (4, 3) and (estimate.sum(-1) == 400).all()
+    expected = certify_counts(select, estimate, 0.01, L2Radius(0.4))
+    for field in ("prediction", "count_top", "count_runner_up", "p_lower", "p_upper"):
+        np.testing.assert_array_equal(getattr(cert, field), getattr(expected, field))
+    np.testing.assert_array_equal(np.isnan(cert.radius), np.isnan(expected.radius))
+    assert (cert.prediction[:2] == [0, 2]).all()  # far from every boundary: decided
+    pred = smoothed.predict(x, key, n=400, alpha=0.01)
+    np.testing.assert_array_equal(pred.prediction, predict_counts(estimate, 0.01).prediction)
+
+
+def test_heads_share_samples_and_one_head_equals_its_own_function():
+    """A [B, H, C] function gives [N, H] fields; each head equals the single-head function."""
+    def two_heads(params, x):
+        logits = _linear(params, x)
+        return jnp.stack([logits, -logits], axis=1)
+
+    x = jnp.array([[1.0, 0.0], [0.2, 0.1]])
+    key = jax.random.key(2)
+    both = cbcert.smooth(two_heads, PARAMS, cbcert.gaussian(0.3)).certify(x, key, 20, 200, 0.01)
+    one = cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.3)).certify(x, key, 20, 200, 0.01)
+    assert both.prediction.shape == (2, 2)
+    np.testing.assert_array_equal(both.prediction[:, 0], one.prediction)
+    np.testing.assert_array_equal(both.count_top[:, 0], one.count_top)
+
+
+def test_sequential_schedule_reports_samples_and_stops_early():
+    smoothed = cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.2))
+    x = jnp.array([[2.0, 0.0], [0.0, 2.0]])
+    cert = smoothed.certify(x, jax.random.key(0), 50, 4000, 0.001, schedule="sequential",
+                            target_radius=0.3)
+    assert cert.stop_reason.tolist() == ["success", "success"]
+    assert (cert.samples < 4000).all() and (cert.radius >= 0.3).all()
+    pred = smoothed.predict(x, jax.random.key(0), 4000, 0.001, schedule="sequential")
+    assert pred.prediction.tolist() == [0, 2] and (pred.samples < 4000).all()
+
+
+def test_bernoulli_noise_flips_concept_pairs():
+    """ρ-flips of c[2K+U]: a function reading concept 0's state; the Hamming certificate."""
+    def reads_state(params, c):  # class 1 iff concept 0 is present (c0+ > c0-)
+        del params
+        present = (c[:, 0] > c[:, 1]).astype(jnp.float32)
+        return jnp.stack([1.0 - present, present], axis=-1)
+
+    c = jnp.array([[2.0, -2.0, 1.0, -1.0], [-2.0, 2.0, 1.0, -1.0]])  # K = 2, U = 0
+    smoothed = cbcert.smooth(reads_state, {}, cbcert.bernoulli(0.1, 2))
+    cert = smoothed.certify(c, jax.random.key(1), 50, 500, 0.001)
+    assert cert.prediction.tolist() == [1, 0]
+    counts = smoothed.counts(c, jax.random.key(1), 2000)
+    flip_rate = counts[0, 0] / 2000  # concept 0 flipped: ≈ ρ = 0.1
+    assert abs(flip_rate - 0.1) < 0.03  # 4.5 sd of Binomial(2000, 0.1): failure prob < 1e-5
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ConfigError, match="sigma"):
+        cbcert.gaussian(-1.0)
+    with pytest.raises(ConfigError, match="rho"):
+        cbcert.bernoulli(0.7, 3)
+    with pytest.raises(ConfigError, match="num_concepts"):
+        cbcert.bernoulli(0.1, 0)
+    with pytest.raises(ConfigError, match="flips"):
+        cbcert.fixed_flips(4, 3)
+    with pytest.raises(TypeError, match="cbcert.gaussian"):
+        cbcert.smooth(_linear, PARAMS, 0.25)
+    smoothed = cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.3), num_classes=4)
+    with pytest.raises(ValueError, match="num_classes=4 but apply_fn returns 3 logits"):
+        smoothed.certify(jnp.ones((1, 2)), jax.random.key(0), 10, 100, 0.01)
+    with pytest.raises(ValueError, match="schedule='adaptive'"):
+        cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.3)).predict(
+            jnp.ones((1, 2)), jax.random.key(0), 100, 0.01, schedule="adaptive")
+
+
+def _records(path):
+    return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+            for line in (path / RECORDS).read_text().splitlines()]
+
+
+CASES = [
+    ("latent", ["--sigma", "0.12"], "gaussian", 0.12, {}),
+    ("concept", ["--rho", "0.2", "--two-class"], "bernoulli", 0.2, {"two_class": True}),
+    ("latent", ["--sigma", "0.12", "--schedule", "sequential", "--target-radius", "0.1"],
+     "gaussian", 0.12, {"schedule": "sequential", "target_radius": 0.1}),
+]
+
+
+@pytest.mark.parametrize(("command", "flags", "kind", "scale", "options"), CASES,
+                         ids=["latent", "concept-two-class", "latent-sequential"])
+def test_api_and_cli_give_identical_records(tmp_path, command, flags, kind, scale, options):
+    """`certify latent/concept` and `Smoothed.certify` on the same inputs, seed and settings."""
+    out = tmp_path / "run"
+    args = [command, *flags, "--inputs", "5", "--n0", "20", "--n", "300", "--seed", "3",
+            "--models", "std,cbm", "--out", str(out), "--quiet"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    records = _records(out)
+
+    world = cbcert.load_world("default")
+    space = "latent" if kind == "gaussian" else "concept"
+    pool = agreement_pool(world, 3, 5, space=space)
+    x = space_inputs(world, pool.latents, space)
+    noise = (cbcert.gaussian(scale) if kind == "gaussian"
+             else cbcert.bernoulli(scale, world.generator.num_concepts))
+    smoothed = cbcert.smooth(world.apply(space, ("std", "cbm")), world.params, noise)
+    cert = smoothed.certify(x, jax.random.key(3), n0=20, n=300, alpha=0.001,
+                            indices=pool.indices, **options)
+    assert cert.prediction.shape == (5, 2)
+    expected = []
+    for r in range(5):
+        for h, model in enumerate(("std", "cbm")):
+            got = next(rec for rec in records
+                       if rec["index"] == pool.indices[r] and rec["model"] == model)
+            assert got["prediction"] == cert.prediction[r, h]
+            assert got["count_top"] == cert.count_top[r, h]
+            assert got["count_runner_up"] == cert.count_runner_up[r, h]
+            assert got["p_lower"] == cert.p_lower[r, h]
+            radius = cert.radius[r, h]
+            assert got["radius"] == (None if np.isnan(radius) else radius)
+            if options.get("schedule") == "sequential":
+                assert got["samples"] == cert.samples[r, h]
+                assert got["stop_reason"] == cert.stop_reason[r, h]
+            expected.append(got)
+    assert len(expected) == len(records) == 10
+    assert any(r["radius"] is not None for r in records)  # something was certified
+
+
+def test_readme_python_section_names_only_public_api():
+    """The README example imports nothing private (what users copy must stay supported)."""
+    section = README.read_text().split("## Python API", 1)[1].split("\n## ", 1)[0]
+    for line in re.findall(r">>> (.*)", section):
+        assert "._" not in line and "cbcert.runs" not in line, line
