@@ -7,7 +7,7 @@ The Python API (``cbcert.api``; imported on first use, so ``import cbcert`` stay
 * noises ``gaussian(σ)``, ``bernoulli(ρ, K)``, ``fixed_flips(m, K)``;
 * ``load_world(name)``: a built-in preset, a world directory or ``pixels:IMAGES`` (with
   ``classifier=``), ``load_converted(dir)``: ``(apply_fn, params, manifest)`` of a converted
-  model.
+  model; ``apgd(logits_fn, x0, y, eps=…, norm=…, key=…)``: APGD-CE/DLR (Croce & Hein).
 """
 
 __version__ = "0.1.0"
@@ -16,7 +16,7 @@ _API = {
     "ABSTAIN": "cbcert.api", "Noise": "cbcert.api", "Smoothed": "cbcert.api",
     "bernoulli": "cbcert.api", "fixed_flips": "cbcert.api", "gaussian": "cbcert.api",
     "smooth": "cbcert.api", "load_world": "cbcert.worlds.load",
-    "load_converted": "cbcert.io.registry",
+    "load_converted": "cbcert.io.registry", "apgd": "cbcert.attacks.apgd",
 }
 
 __all__ = ["__version__", *sorted(_API)]

@@ -3,7 +3,7 @@
 Every ``import`` counts, including the lazy ones inside functions: a dependency deferred to run
 time is still a dependency. Imports run one way:
 
-    cli → runs → (certify | attacks | robustness | report) → engine → concepts, schema
+    cli → runs → api → (certify | attacks | robustness | report) → engine → concepts, schema
     worlds → (models | generators | io) → nn        convert → io, models, generators
 
 * the engine imports only jax, numpy, the standard library and `cbcert.concepts`;
@@ -38,6 +38,9 @@ FORBIDDEN = [
     ("cbcert.worlds", ("cbcert.convert", "cbcert.training", "cbcert.runs")),
     ("cbcert.runs", ("cbcert.convert", "cbcert.training")),
     ("cbcert.report", ("cbcert.convert", "cbcert.training", "cbcert.engine")),
+    # The public API sits on the kernels and the engine; runs build on it, not the reverse.
+    ("cbcert.api", ("cbcert.runs", "cbcert.convert", "cbcert.training", "cbcert.report",
+                    "cbcert.worlds", "flax", "torch")),
 ]
 ENGINE_ALLOWED = ("jax", "numpy", "cbcert.engine", "cbcert.concepts")
 LEAVES = ("cbcert.concepts", "cbcert.schema")
