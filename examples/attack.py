@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> dict:
     smoothed = cbcert.smooth(apply_fn, params, cbcert.gaussian(args.sigma))
     pred = smoothed.predict(np.asarray(z_adv), jax.random.key(2), n=args.n, alpha=0.001)
     kept = pred.prediction[:, 0] == pool.labels
-    print(f"smoothed (σ = {args.sigma}): keeps the clean label on {kept.mean():.1%} of the attacked "
-          f"latents (abstains on {(pred.prediction[:, 0] == cbcert.ABSTAIN).mean():.1%})")
+    print(f"smoothed (σ = {args.sigma}): keeps the clean label on {kept.mean():.1%} of the "
+          f"attacked latents (abstains on {(pred.prediction[:, 0] == cbcert.ABSTAIN).mean():.1%})")
     return {"fooled": np.asarray(info.fooled), "kept": kept}
 
 
