@@ -163,7 +163,8 @@ def print_summary(summary: dict, job: CertifyJob, world, out: Path) -> None:
 
 @click.command()
 @click.option("--sigma", type=float, required=True,
-              help="Std of the Gaussian latent noise, in [1e-30, 1e30].")
+              help="Std of the Gaussian latent noise, in [1e-30, 1e30] (pixels worlds: "
+                   "pixel units on [0, 1]).")
 @certify_options
 def latent(sigma: float, **opts) -> None:
     """Gaussian latent smoothing: certified L2 radii in the generator's latent space.
