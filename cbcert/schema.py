@@ -109,7 +109,7 @@ RULES: Mapping[str, Rule] = types.MappingProxyType(
         "count": Rule(1, integer=True),
         # Monte Carlo samples per input: the engine numbers samples with int32 (SPEC §7).
         "samples": Rule(1, 2**31 - 1, integer=True),
-        # The paired t-test over subsets needs at least two of them.
+        # A standard deviation over subsets needs at least two of them.
         "subsets": Rule(2, integer=True),
         # Valid for both numpy SeedSequence and jax.random.key.
         "seed": Rule(0, 2**32 - 1, integer=True),

@@ -94,6 +94,14 @@ def test_certification_table_matches_records(run_dir, written):
         ca = (correct & (radius >= sigma)).mean()
         assert float(row["ca_at_sigma"]) == pytest.approx(ca, abs=1e-12)
         assert int(row["inputs"]) == len(records) == 8
+        if correct.any():
+            assert float(row["radius_of_correct"]) == pytest.approx(radius[correct].mean(),
+                                                                    abs=1e-12)
+        else:
+            assert row["radius_of_correct"] == ""
+        # Each cell's settings: α, n0, n, the bound and the schedule (from its run.json).
+        assert (row["alpha"], row["n0"], row["n"], row["bound"], row["schedule"]) == (
+            "0.1", "4", "16", "one-class CP", "fixed")
 
 
 def test_perturb_table_matches_records_and_subsets(run_dir, written):
@@ -115,6 +123,11 @@ def test_perturb_table_matches_records_and_subsets(run_dir, written):
     assert [(t["budget"], t["model_b"]) for t in tests] == [
         ("eps0.8", m) for m in ("cbm", "proto")]
     assert all(float(t["p_holm"]) >= float(t["p"]) for t in tests)
+    # p comes from the permutation test over the subsets' distinct inputs, which is named.
+    inputs = len({i for subset in summary["subsets"] for i in subset})
+    assert all(int(t["inputs"]) == inputs for t in tests)
+    comparison = summary["budgets"][0]["comparisons"][0]
+    assert comparison["test"] == "paired sign-flip permutation test over inputs"
 
 
 def test_attack_table_matches_records(run_dir, written):

@@ -77,7 +77,8 @@ def test_paired_ttest_constant_difference_up_to_rounding():
     a = np.array([20, 30, 40]) / 100
     b = np.array([10, 20, 30]) / 100
     result = stats.paired_ttest(a, b)
-    assert result.statistic == np.inf and result.pvalue == 0.0 and result.sd == 0.0
+    # t has no answer for a zero variance: the limit t = inf, but no p (not 0: no certainty).
+    assert result.statistic == np.inf and np.isnan(result.pvalue) and result.sd == 0.0
     assert result.mean == pytest.approx(0.1, rel=1e-12)
     assert stats.paired_ttest(b, a).statistic == -np.inf
 
@@ -87,6 +88,57 @@ def test_paired_ttest_rejects_bad_input():
         stats.paired_ttest(np.array([0.1]), np.array([0.2]))
     with pytest.raises(ValueError, match="finite"):
         stats.paired_ttest(np.array([0.1, np.nan]), np.array([0.2, 0.3]))
+
+
+def test_permutation_test_constant_differences_get_the_exact_finite_p():
+    """d_i = c for all M inputs: only the two constant sign vectors reach |Σ d| -> 2 / 2^M."""
+    a = np.array([0.5, 0.7, 0.2, 0.9, 0.4])
+    result = stats.paired_permutation_test(a, a - 0.25)
+    assert result.exact and result.resamples == 32
+    assert result.pvalue == 2 / 32 and result.mean == pytest.approx(0.25) and result.sd == 0.0
+    large = stats.paired_permutation_test(np.ones(30), np.zeros(30))
+    # Monte Carlo: a sign vector reaches |Σ d| = 30 with probability 2^-29 per draw.
+    assert not large.exact and large.pvalue == 1 / 10_000
+    assert stats.paired_permutation_test(a, a.copy()).pvalue == 1.0
+
+
+def test_permutation_test_exact_matches_enumeration_by_hand():
+    d = np.array([0.3, -0.1, 0.2, 0.05])
+    signs = np.array(np.meshgrid(*[[-1, 1]] * 4)).reshape(4, -1).T  # the 16 sign vectors
+    expected = np.mean(np.abs(signs @ d) >= abs(d.sum()) - 1e-12)
+    # |Σ s d| >= 0.45 for s = 1, s flipping -0.1 (0.65), s flipping -0.1 and 0.05 (0.55), and
+    # their negations: 6 of 16.
+    assert stats.paired_permutation_test(d, np.zeros(4)).pvalue == expected == 6 / 16
+
+
+def test_permutation_test_monte_carlo_agrees_with_exact():
+    rng = np.random.default_rng(4)
+    a, b = rng.uniform(size=16), rng.uniform(size=16)
+    exact = stats.paired_permutation_test(a, b)
+    d = np.concatenate([a - b, np.zeros(1)])  # one more (zero) difference: same distribution
+    monte_carlo = stats.paired_permutation_test(d, np.zeros(17), resamples=40_000)
+    assert exact.exact and not monte_carlo.exact
+    # sd of the Monte Carlo estimate <= 0.5/sqrt(40000) = 0.0025: 5 sd, failure prob < 1e-6.
+    assert abs(monte_carlo.pvalue - exact.pvalue) < 0.0125
+
+
+def test_permutation_test_is_valid_under_the_null():
+    """Exchangeable pairs: P(p <= 0.05) <= 0.05, checked over 400 fixed-seed simulations."""
+    rng = np.random.default_rng(11)
+    rejections = 0
+    for _ in range(400):
+        pair = rng.uniform(size=(2, 25)) < 0.3  # flip indicators of two equal models
+        rejections += stats.paired_permutation_test(*pair.astype(float),
+                                                    resamples=999).pvalue <= 0.05
+    # Binomial(400, 0.05): mean 20, sd 4.4; > 36 has probability < 1e-4.
+    assert rejections <= 36
+
+
+def test_permutation_test_rejects_bad_input():
+    with pytest.raises(ValueError, match="M >= 1"):
+        stats.paired_permutation_test(np.array([]), np.array([]))
+    with pytest.raises(ValueError, match="finite"):
+        stats.paired_permutation_test(np.array([np.inf]), np.array([0.0]))
 
 
 def test_holm_matches_statsmodels_and_step_down_formula():

@@ -129,6 +129,24 @@ def average_certified_hamming_radius(
     return float(np.mean(correct_radii))
 
 
+def mean_radius_of_correct(labels: np.ndarray, predictions: np.ndarray,
+                           radii: np.ndarray) -> float:
+    """Mean certified radius over the inputs predicted correctly (never abstained), NaN if none.
+
+    The method's second radius average, reported next to ACR (which averages over *all*
+    inputs, counting wrong and abstained ones as 0): ``Σ radius_i 1[c_i] / Σ 1[c_i]`` with
+    ``c_i = 1[prediction_i = label_i]``.
+
+    >>> mean_radius_of_correct(np.array([0, 1, 1, 0]), np.array([0, 1, -1, 1]),
+    ...                        np.array([1.0, 0.5, np.nan, 2.0]))
+    0.75
+    """
+    correct_radii = _correct_radii(labels, predictions, radii)
+    y, pred = _check_records(labels, predictions)
+    correct = pred == y
+    return float(correct_radii[correct].mean()) if correct.any() else float("nan")
+
+
 def mean_time_per_input(seconds: np.ndarray) -> float:
     """Mean wall-clock seconds per input; ``seconds`` is a non-empty ``[N]`` array of >= 0."""
     s = np.asarray(seconds, dtype=np.float64)
@@ -141,7 +159,8 @@ def mean_time_per_input(seconds: np.ndarray) -> float:
 class Summary:
     """All metrics of one certification run (see the module docstring for definitions).
 
-    ``certified_accuracy`` is ``[G]`` over ``radius_grid``; ``acr`` is ACR (ACR-H for Hamming).
+    ``certified_accuracy`` is ``[G]`` over ``radius_grid``; ``acr`` is ACR (ACR-H for Hamming);
+    ``radius_of_correct`` the mean radius over correct inputs (NaN if none).
     """
 
     num_inputs: int
@@ -151,6 +170,7 @@ class Summary:
     radius_grid: np.ndarray
     certified_accuracy: np.ndarray
     seconds_per_input: float
+    radius_of_correct: float = float("nan")
 
 
 def summarize(
@@ -177,4 +197,5 @@ def summarize(
         radius_grid=grid,
         certified_accuracy=certified_accuracy(labels, predictions, radii, grid),
         seconds_per_input=mean_time_per_input(seconds),
+        radius_of_correct=mean_radius_of_correct(labels, predictions, radii),
     )

@@ -112,7 +112,8 @@ def _print_perturb(result, job: PerturbJob, world, out: Path) -> None:
     common.console.print(
         f"mean ± sd over {job.num_subsets} subsets of {job.subset_size} of "
         f"{job.num_inputs} agreement inputs, {job.samples} perturbation(s) each; "
-        f"Δ = PFR difference, p: paired two-sided t-test, p_Holm: Holm over {tests} tests. "
+        f"Δ = PFR difference; p: paired sign-flip permutation test over the subsets' inputs, "
+        f"p_Holm: Holm over {tests} tests. "
         f"Records and summary in {out}/"
     )
 

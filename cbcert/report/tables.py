@@ -84,32 +84,49 @@ def certification_tables(cells: Sequence[CellResult]) -> list[Table]:
         if cell.kind != "certify":
             continue
         s = cell.summary
+        settings = _certify_settings(cell.run.get("job", {}), s["mode"])
         for model, m in s["models"].items():
             head = (cell.name, s["mode"])
-            tail = (m.get("abstain_rate"), m.get("seconds_per_input"))
+            radii = (m.get("acr"), m.get("radius_of_correct"))
+            tail = (m.get("abstain_rate"), m.get("seconds_per_input"), *settings)
             if not smoothing(s["noise"]).hamming:
                 marks = tuple(_ca_at(m, f * s["scale"]) for f in L2_MARKS)
                 latent.append((*head, s["scale"], model, m["num_inputs"],
-                               m["smoothed_accuracy"], m.get("acr"), *marks, *tail))
+                               m["smoothed_accuracy"], *radii, *marks, *tail))
             else:
                 marks = tuple(_ca_at(m, r) for r in HAMMING_MARKS)
                 concept.append((*head, s["noise"], s["scale"], model, m["num_inputs"],
-                                m["smoothed_accuracy"], m.get("acr"), *marks, *tail))
+                                m["smoothed_accuracy"], *radii, *marks, *tail))
     tables = []
     if latent:
         tables.append(Table(
-            "certification_latent", "Certified L2 radii in latent space (Gaussian smoothing)",
+            "certification_latent", "Certified L2 radii in latent space (Gaussian smoothing); "
+            "acr over all inputs, radius_of_correct over correctly predicted ones",
             ("cell", "mode", "sigma", "model", "inputs", "smoothed_accuracy", "acr",
-             "ca_at_half_sigma", "ca_at_sigma", "ca_at_2sigma", "abstain_rate",
-             "seconds_per_input"), tuple(latent)))
+             "radius_of_correct", "ca_at_half_sigma", "ca_at_sigma", "ca_at_2sigma",
+             "abstain_rate", "seconds_per_input", *SETTINGS_COLUMNS), tuple(latent)))
     if concept:
         tables.append(Table(
             "certification_concept",
-            "Certified Hamming radii in concept space (bernoulli: scale ρ; fixed: m flips)",
+            "Certified Hamming radii in concept space (bernoulli: scale ρ; fixed: m flips); "
+            "acr_h over all inputs, radius_of_correct over correctly predicted ones",
             ("cell", "mode", "noise", "scale", "model", "inputs", "smoothed_accuracy", "acr_h",
-             *(f"ca_at_{r}" for r in HAMMING_MARKS), "abstain_rate", "seconds_per_input"),
-            tuple(concept)))
+             "radius_of_correct", *(f"ca_at_{r}" for r in HAMMING_MARKS), "abstain_rate",
+             "seconds_per_input", *SETTINGS_COLUMNS), tuple(concept)))
     return tables
+
+
+SETTINGS_COLUMNS = ("alpha", "n0", "n", "bound", "schedule")
+
+
+def _certify_settings(job: dict[str, Any], mode: str) -> tuple:
+    """α, n0, n, the bound and the schedule of a certification cell (its ``run.json``)."""
+    if mode == "predict":
+        bound = "binomial test (PREDICT)"
+    else:
+        bound = "two-class CP" if job.get("two_class") else "one-class CP"
+    return (job.get("alpha"), job.get("n0") if mode == "certify" else None, job.get("n"),
+            bound, job.get("schedule", "fixed"))
 
 
 def _budget_label(kind: str, value: float) -> str:
@@ -140,16 +157,20 @@ def perturb_tables(cells: Sequence[CellResult]) -> list[Table]:
                     for m in dfs_models for s in ("mean", "sd")]
             rows.append(tuple(row))
             tests += [(cell.name, label, c["model_a"], c["model_b"], c["delta"]["mean"],
-                       c["delta"]["sd"], c["t"], c["df"], c["p"], c["p_holm"])
+                       c["delta"]["sd"], c["t"], c["df"], c.get("p_t"), c.get("inputs"),
+                       c["p"], c["p_holm"])
                       for c in b["comparisons"]]
         suffix = "" if _count(cells, "perturb") == 1 else f"_{cell.name}"
         tables.append(Table(f"perturb{suffix}",
                             f"Empirical flip rates, mean ± sd over subsets ({cell.name})",
                             tuple(columns), tuple(rows)))
         tables.append(Table(f"perturb_tests{suffix}",
-                            f"Δ = PFR_a − PFR_b, paired t-test, Holm-corrected p ({cell.name})",
+                            f"Δ = PFR_a − PFR_b, mean ± sd over subsets; t, p_t: paired t-test "
+                            f"over the subsets (undefined for constant Δ); p: paired sign-flip "
+                            f"permutation test over the subsets' inputs, p_holm: its Holm "
+                            f"correction over the table ({cell.name})",
                             ("cell", "budget", "model_a", "model_b", "delta_mean", "delta_sd",
-                             "t", "df", "p", "p_holm"), tuple(tests)))
+                             "t", "df", "p_t", "inputs", "p", "p_holm"), tuple(tests)))
     return tables
 
 

@@ -8,7 +8,7 @@ separate from sampling) and writes into ``<run>/report/``:
   radii 1, 2, 3), abstain rate and seconds per input;
 * ``perturb.csv``: per budget, mean and sd over subsets of CFR, flipped-concept count, PFR per
   model and DFS per concept model; ``perturb_tests.csv``: Δ = PFR_a − PFR_b with the paired
-  t-test's p and the Holm-corrected p (SPEC §3);
+  permutation test's p over inputs, the Holm-corrected p and SPEC §3's t-test;
 * ``attack.csv``: clean and robust accuracy per cell, model and ε;
 * ``report.md`` with every table, and the figures (matplotlib, Agg): PFR vs ε and vs τ, certified
   accuracy vs radius per certification cell, SmAcc and ACR vs σ and vs ρ, the std-vs-cbm

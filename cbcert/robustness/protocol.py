@@ -12,7 +12,9 @@ Pipeline (the caller runs the models; this module only indexes and reduces):
    compares each model with its own clean prediction; for τ budgets the clean image is the
    autoencoded one, ``g2(D(E(g1(z))))`` (SPEC §1), not ``g(z)``.
 4. `build_table(measurements, subsets)`: per budget, mean ± sd over subsets of CFR, PFR per model
-   and DFS; paired t-tests of PFR differences; Holm–Bonferroni across every test of the table.
+   and DFS; paired tests of PFR differences (SPEC's t-test over subsets, and the sign-flip
+   permutation test over inputs that the table decides with); Holm–Bonferroni across every
+   permutation test of the table.
 
 Seeds: subsets come from ``numpy.random.default_rng(seed)``. The caller derives ``seed`` from
 the run's root seed and a stream tag, e.g. ``seed=(cli_seed, Stream.SUBSETS)`` (numpy accepts a
@@ -50,7 +52,7 @@ def draw_subsets(
 
     Args:
       num_candidates: M, the size of the agreement set.
-      num_subsets: k >= 2 (the paired t-test needs two subsets).
+      num_subsets: k >= 2 (a standard deviation over subsets needs two).
       subset_size: n, 1 <= n <= M.
       seed: non-negative int or sequence of them, entropy for ``numpy.random.default_rng``.
 
@@ -58,7 +60,7 @@ def draw_subsets(
       [k, n] int64 positions into the agreement set.
     """
     if num_subsets < 2:
-        raise ValueError(f"num_subsets: must be >= 2 for the paired t-test, got {num_subsets}")
+        raise ValueError(f"num_subsets: must be >= 2 (mean ± sd over subsets), got {num_subsets}")
     if subset_size < 1:
         raise ValueError(f"subset_size: must be >= 1, got {subset_size}")
     if num_candidates < subset_size:
@@ -117,13 +119,25 @@ class DFSSummary:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Paired comparison ``Δ = PFR_a − PFR_b`` over the subsets, with Holm-adjusted p-value."""
+    """Paired comparison ``Δ = PFR_a − PFR_b``: over the subsets and over their inputs.
+
+    Attributes:
+      delta: Δ mean ± sd over the k subsets (SPEC §3's description).
+      statistic, df, pvalue_t: SPEC §3's paired t-test over the subsets (t = ±inf and
+        p_t = NaN when the differences are constant: the t-test has no answer there).
+      num_inputs, pvalue: the paired sign-flip permutation test over the M distinct inputs of
+        the subsets (`stats.paired_permutation_test`): the test the table decides with, since
+        overlapping subsets are not independent samples.
+      pvalue_holm: ``pvalue`` Holm-corrected over every comparison of the table.
+    """
 
     model_a: str
     model_b: str
     delta: stats.MeanSD
     statistic: float
     df: int
+    pvalue_t: float
+    num_inputs: int
     pvalue: float
     pvalue_holm: float
 
@@ -134,6 +148,9 @@ class Comparison:
             "delta": self.delta.to_dict(),
             "t": self.statistic if math.isfinite(self.statistic) else None,  # strict JSON
             "df": self.df,
+            "p_t": self.pvalue_t if math.isfinite(self.pvalue_t) else None,
+            "test": stats.PERMUTATION_TEST,
+            "inputs": self.num_inputs,
             "p": self.pvalue,
             "p_holm": self.pvalue_holm,
         }
@@ -228,9 +245,12 @@ def build_table(
     """Reduce per-budget measurements to table rows with paired, Holm-corrected tests.
 
     For every budget and every pair ``(a, b)`` in ``comparisons``:
-    ``Δ_j = PFR_a(subset j) − PFR_b(subset j)``, reported as mean ± sd (``ddof=1``) and tested
-    with `stats.paired_ttest` (two-sided, df = k − 1). The family for Holm–Bonferroni is every
-    test in this call (all budgets × all comparisons), so call it once per table.
+    ``Δ_j = PFR_a(subset j) − PFR_b(subset j)``, reported as mean ± sd (``ddof=1``) with
+    SPEC §3's paired t-test over the subsets (two-sided, df = k − 1), and tested with
+    `stats.paired_permutation_test` over the distinct inputs of the subsets (per-input PFR of
+    a vs b): the subsets overlap, so the t-test's independence assumption fails, and constant
+    differences leave it undefined. The family for Holm–Bonferroni is every permutation test
+    in this call (all budgets × all comparisons), so call it once per table.
 
     Args:
       measurements: one per budget, arrays in agreement-set order [M] or [M, S].
@@ -260,13 +280,19 @@ def build_table(
     tests = [
         [stats.paired_ttest(pfr[a], pfr[b]) for a, b in comparisons] for pfr in pfr_subsets
     ]
-    adjusted = stats.holm(np.array([t.pvalue for row in tests for t in row])).reshape(
+    inputs = np.unique(subsets)  # the distinct inputs of the subsets, agreement-set positions
+    permutation = [
+        [stats.paired_permutation_test(stats.per_input_mean(m.prediction_flips[a])[inputs],
+                                       stats.per_input_mean(m.prediction_flips[b])[inputs])
+         for a, b in comparisons] for m in measurements
+    ]
+    adjusted = stats.holm(np.array([t.pvalue for row in permutation for t in row])).reshape(
         len(measurements), len(comparisons)
     )
 
     rows = []
-    for m, pfr, row_tests, row_adjusted in zip(
-        measurements, pfr_subsets, tests, adjusted, strict=True
+    for m, pfr, row_tests, row_permutation, row_adjusted in zip(
+        measurements, pfr_subsets, tests, permutation, adjusted, strict=True
     ):
         cfr = cfr_count = histogram = None
         if m.concept_flips is not None:
@@ -288,8 +314,9 @@ def build_table(
                 dfs={name: _dfs_summary(v, subsets) for name, v in m.decision_shifts.items()},
                 comparisons=tuple(
                     Comparison(a, b, stats.MeanSD(t.mean, t.sd), t.statistic, t.df, t.pvalue,
-                               float(p_holm))
-                    for (a, b), t, p_holm in zip(comparisons, row_tests, row_adjusted, strict=True)
+                               perm.num_inputs, perm.pvalue, float(p_holm))
+                    for (a, b), t, perm, p_holm in zip(comparisons, row_tests, row_permutation,
+                                                       row_adjusted, strict=True)
                 ),
             )
         )

@@ -2,8 +2,9 @@
 
 Pure numpy/scipy/statsmodels in float64, on host. The reducers turn raw model outputs on clean
 and perturbed images into per-input (or per-input-per-sample) flip indicators and distances;
-`subset_means` averages them over the protocol's random subsets; `paired_ttest` and `holm`
-compare two models over those subsets.
+`subset_means` averages them over the protocol's random subsets; `paired_ttest` compares two
+models over those subsets (SPEC §3), `paired_permutation_test` over the inputs themselves (the
+subsets overlap, so their means are not independent), and `holm` corrects a family of p-values.
 
 Array conventions: ``N`` inputs, ``S`` perturbation samples per input (``S = 1`` when the
 perturbed array has no sample axis), ``K`` binary concepts, ``D`` concept scores of a CBM.
@@ -181,10 +182,11 @@ def paired_ttest(a: np.ndarray, b: np.ndarray) -> PairedTest:
 
     Degenerate case, where scipy returns NaN or rounding noise: when the differences are
     constant up to float64 resolution of the inputs (``ptp(d) ≤ 4·eps·max|a|,|b|``; per-subset
-    means of counts often are), the sample variance is zero and the test is decided by the
-    sign of the constant: all differences zero gives ``t = 0, p = 1.0`` (no evidence of any
-    difference, e.g. identical models); a constant non-zero difference gives ``t = ±inf,
-    p = 0.0``, the limit of the t-test as the variance vanishes.
+    means of counts often are), the sample variance is zero: all differences zero gives
+    ``t = 0, p = 1.0`` (no evidence of any difference, e.g. identical models); a constant
+    non-zero difference gives ``t = ±inf`` (the limit) and ``p = NaN``: the t-test has no
+    answer there (a p of 0 would claim certainty that k overlapping subsets cannot give); use
+    `paired_permutation_test` over the inputs, which always has one.
 
     Args:
       a: [k] per-subset metric of the first model.
@@ -206,12 +208,88 @@ def paired_ttest(a: np.ndarray, b: np.ndarray) -> PairedTest:
         if np.abs(diff).max() <= resolution:
             return PairedTest(0.0, 0.0, 0.0, 1.0, k - 1)
         constant = float(diff.mean())
-        return PairedTest(constant, 0.0, float(np.copysign(np.inf, constant)), 0.0, k - 1)
+        return PairedTest(constant, 0.0, float(np.copysign(np.inf, constant)), float("nan"),
+                          k - 1)
     result = scipy.stats.ttest_rel(a, b)
     return PairedTest(
         float(diff.mean()), float(diff.std(ddof=1)), float(result.statistic),
         float(result.pvalue), k - 1,
     )
+
+
+PERMUTATION_TEST = "paired sign-flip permutation test over inputs"
+# Inputs up to which the permutation distribution is enumerated exactly (2**16 sign vectors).
+EXACT_INPUTS = 16
+
+
+@dataclass(frozen=True)
+class PermutationTest:
+    """Paired sign-flip permutation test of per-input differences ``d_i = a_i − b_i``.
+
+    ``mean`` and ``sd`` (``ddof=1``; 0 for one input) describe the d_i; ``pvalue`` is two-sided;
+    ``exact``: every sign vector enumerated (``resamples = 2**M``), else ``resamples`` random
+    ones from a fixed seed.
+    """
+
+    mean: float
+    sd: float
+    num_inputs: int
+    pvalue: float
+    exact: bool
+    resamples: int
+
+
+def paired_permutation_test(a: np.ndarray, b: np.ndarray, *, resamples: int = 9999,
+                            seed: int = 0) -> PermutationTest:
+    """Two-sided paired sign-flip permutation test over inputs of ``a`` vs ``b``.
+
+    Under H0 (the two models' per-input values are exchangeable within each input) every
+    difference ``d_i = a_i − b_i`` is as likely to have either sign, so ``T = |Σ_i d_i|``
+    is compared with ``T(s) = |Σ_i s_i d_i|`` over sign vectors ``s ∈ {±1}^M``:
+
+    * ``M ≤ 16``: exactly, ``p = #{s : T(s) ≥ T} / 2^M`` (the identity ``s = 1`` included);
+    * else ``B = resamples`` uniform sign vectors from ``numpy.random.default_rng(seed)``:
+      ``p = (1 + #{b : T(s_b) ≥ T}) / (B + 1)``, a valid p-value for any B.
+
+    ``P(p ≤ α) ≤ α`` under H0 in both cases. Constant differences ``d_i = c ≠ 0`` get the
+    finite ``p = 2 / 2^M`` (exact) or ``≈ 1/(B + 1)``, all-zero differences ``p = 1``. Ties
+    ``T(s) = T`` are decided with a tolerance of ``1e-12 · Σ|d_i|`` (float sums).
+
+    Args:
+      a, b: [M] per-input values (e.g. each input's PFR over its samples), same inputs in the
+        same order, M ≥ 1, finite.
+      resamples: B for the Monte Carlo case, >= 1.
+      seed: seed of the sign vectors (fixed: the test is reproducible).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.ndim != 1 or a.shape != b.shape or a.shape[0] < 1:
+        raise ValueError(f"paired_permutation_test: a and b must have the same shape [M] with "
+                         f"M >= 1, got {a.shape} and {b.shape}")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise ValueError("paired_permutation_test: a and b must be finite")
+    if resamples < 1:
+        raise ValueError(f"resamples: must be >= 1, got {resamples}")
+    d = a - b
+    m = d.shape[0]
+    sd = float(d.std(ddof=1)) if m > 1 else 0.0
+    scale = float(np.abs(d).sum())
+    if scale == 0.0:
+        return PermutationTest(0.0, sd, m, 1.0, m <= EXACT_INPUTS, 2**m if m <= EXACT_INPUTS
+                               else resamples)
+    observed = abs(float(d.sum())) - 1e-12 * scale
+    if m <= EXACT_INPUTS:
+        bits = (np.arange(2**m)[:, None] >> np.arange(m)) & 1  # [2^M, M]
+        totals = np.abs((1 - 2 * bits) @ d)
+        return PermutationTest(float(d.mean()), sd, m, float(np.mean(totals >= observed)), True,
+                               2**m)
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for start in range(0, resamples, 1024):  # bounded memory: 1024 x M signs at a time
+        signs = rng.choice(np.array([-1.0, 1.0]), size=(min(1024, resamples - start), m))
+        hits += int(np.sum(np.abs(signs @ d) >= observed))
+    return PermutationTest(float(d.mean()), sd, m, (1 + hits) / (resamples + 1), False,
+                           resamples)
 
 
 def holm(pvalues: np.ndarray) -> np.ndarray:

@@ -333,7 +333,8 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
 
 
 def summarize_records(records: list[dict], job: CertifyJob, num_concepts: int) -> dict:
-    """Per-model metrics (SmAcc, ACR or ACR-H, CA curve, abstain rate, time/input) from records.
+    """Per-model metrics (SmAcc, ACR or ACR-H, the mean radius of correct inputs, CA curve,
+    abstain rate, time/input) from records.
 
     Records are sorted by input index first, so the summary does not depend on resumption.
     """
@@ -362,6 +363,7 @@ def summarize_records(records: list[dict], job: CertifyJob, num_concepts: int) -
             radii = np.array([np.nan if r["radius"] is None else r["radius"] for r in rows])
             s = metrics.summarize(labels, preds, radii, seconds, grid, hamming=job.hamming)
             entry["acr"] = s.acr
+            entry["radius_of_correct"] = finite_or_none(s.radius_of_correct)
             entry["radius_grid"] = s.radius_grid.tolist()
             entry["certified_accuracy"] = s.certified_accuracy.tolist()
         if job.schedule == "sequential":

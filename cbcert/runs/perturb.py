@@ -6,7 +6,7 @@ semantic budget τ (flip τ uniformly chosen concepts of ``c = E(g1(z))``), eval
 on the clean and the perturbed images, and appends one JSONL record per input to
 ``<budget>.jsonl`` (e.g. ``eps0.3.jsonl``, ``tau5.jsonl``) as each batch of inputs finishes.
 ``summary.json`` is rebuilt from the records only: k random subsets of n agreement inputs,
-mean ± sd over subsets of CFR, PFR per model and DFS, paired t-tests of PFR differences,
+mean ± sd over subsets of CFR, PFR per model and DFS, paired tests of PFR differences,
 Holm–Bonferroni over every test of the run (`protocol.build_table`).
 
 Clean references: the geometric clean image is ``g(z) = g2(D(E(g1(z))))``; the semantic one is
