@@ -257,3 +257,41 @@ def test_foreign_records_are_refused(world, finished, tmp_path):
     path.write_text(path.read_text() + json.dumps({**record, "index": 10**7}) + "\n")
     with pytest.raises(RecordsError, match="index=10000000 is not an input of this run"):
         run(world, JOB, copy, chunk_size=CHUNK)
+
+
+def test_smoothing_budgets_flip_exactly_the_certificates_estimation_samples(world, tmp_path):
+    """σ and ρ budgets draw `certify latent` / `certify concept`'s estimation noise: an input's
+    flips are the estimation samples whose label differs from its clean prediction."""
+    import cbcert
+    from cbcert.runs.pool import agreement_pool, space_inputs
+
+    job = PerturbJob(eps=(), tau=(), sigma=(0.5,), rho=(0.3,), models=("std", "cbm"), seed=4,
+                     samples=6, num_subsets=2, subset_size=4, num_inputs=5, batch=5)
+    result = run(world, job, tmp_path / "run", chunk_size=CHUNK)
+    assert [(r.kind, r.value) for r in result.rows] == [("sigma", 0.5), ("rho", 0.3)]
+    summary = json.loads((tmp_path / "run" / SUMMARY).read_text())
+    assert summary["settings"]["sigma"] == [0.5] and summary["settings"]["rho"] == [0.3]
+    pool = agreement_pool(world, 4, 5)
+    root = jax.random.key(4)
+    for kind, name, noise in (("latent", "sigma0.5", cbcert.gaussian(0.5)),
+                              ("concept", "rho0.3",
+                               cbcert.bernoulli(0.3, world.generator.num_concepts))):
+        smoothed = cbcert.smooth(world.apply(kind, ("std",)), world.params, noise)
+        counts = smoothed.counts(space_inputs(world, pool.latents, kind), root, 6,
+                                 indices=pool.indices)[:, 0]  # [5, C]
+        records = sorted(_lines(tmp_path / "run" / f"{name}.jsonl"), key=lambda r: r["index"])
+        for record, row in zip(records, counts, strict=True):
+            clean = record["clean"]["pred"]["std"]
+            flipped = sum(s["pred"]["std"] != clean for s in record["samples"])
+            assert flipped == 6 - row[clean]
+        assert any(sum(s["pred"]["std"] != r["clean"]["pred"]["std"] for s in r["samples"])
+                   for r in records)  # the noise does move predictions
+
+
+def test_smoothing_budgets_are_checked():
+    with pytest.raises(ValueError, match="rho"):
+        PerturbJob(eps=(), tau=(), rho=(0.6,))
+    with pytest.raises(ValueError, match="sigma"):
+        PerturbJob(eps=(), tau=(), sigma=(-0.1,))
+    with pytest.raises(ValueError, match="at least one budget"):
+        PerturbJob(eps=(), tau=())

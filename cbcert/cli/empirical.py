@@ -17,7 +17,7 @@ from cbcert.schema import value_name
 
 # PerturbJob's ``num_inputs`` is ``--pool``: agreement inputs perturbed, not certified.
 PERTURB_FLAGS = {"num_inputs": "--pool", "num_subsets": "--subsets", "eps": "--eps",
-                 "tau": "--tau"}
+                 "tau": "--tau", "sigma": "--sigma", "rho": "--rho"}
 
 
 def _perturb_default(name: str):
@@ -37,6 +37,12 @@ def _csv(values) -> str:
               help="Geometric budgets: latent shift norms ε > 0, comma-separated ('' for none).")
 @click.option("--tau", "tau_list", default=_csv(_perturb_default("tau")), show_default=True,
               help="Semantic budgets: numbers of flipped concepts τ in [1, K] ('' for none).")
+@click.option("--sigma", "sigma_list", default="", show_default=True,
+              help="Smoothing budgets: latent Gaussian noise σ (certify latent's noise), "
+                   "comma-separated.")
+@click.option("--rho", "rho_list", default="", show_default=True,
+              help="Smoothing budgets: Bernoulli concept flip probabilities ρ in (0, 0.5) "
+                   "(certify concept's noise), comma-separated.")
 @click.option("--models", default=",".join(_perturb_default("models")), show_default=True,
               help="Comma-separated models; Δ compares the first with each other one.")
 @click.option("--samples", type=int, default=_perturb_default("samples"), show_default=True,
@@ -59,25 +65,30 @@ def _csv(values) -> str:
 @common.memory_options
 @distributed_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
-def perturb(eps_list: str, tau_list: str, models: str, samples: int, ball: bool, subsets: int,
+def perturb(eps_list: str, tau_list: str, sigma_list: str, rho_list: str, models: str,
+            samples: int, ball: bool, subsets: int,
             subset_size: int, pool: int | None, batch: int, world_name: str, seed: int,
             out: Path | None, chunk_size: int | None, max_memory: int | None,
             quiet: bool) -> None:
-    """Empirical robustness: PFR, CFR and DFS under latent shifts (ε) and concept flips (τ).
+    """Empirical robustness: PFR, CFR and DFS under latent shifts (ε), concept flips (τ) and
+    the smoothing noises (σ, ρ).
 
     Perturbs the std/cbm agreement set of a generated pool, then reports mean ± sd over random
-    subsets, paired t-tests of PFR differences and Holm-corrected p-values (SPEC §3).
+    subsets and paired tests of PFR differences with Holm-corrected p-values (SPEC §3).
 
-    Example: certify perturb --eps 0.3 --tau 5
+    Example: certify perturb --eps 0.3 --tau 5 --sigma 0.1 --rho 0.2
     """
     from cbcert.runs.perturb import check_budgets, run
 
     eps = common.budgets(eps_list, "--eps", float)
     tau = common.budgets(tau_list, "--tau", int)
-    if not eps and not tau:
-        raise click.UsageError("give at least one budget with --eps or --tau")
+    sigma = common.budgets(sigma_list, "--sigma", float)
+    rho = common.budgets(rho_list, "--rho", float)
+    if not (eps or tau or sigma or rho):
+        raise click.UsageError("give at least one budget with --eps, --tau, --sigma or --rho")
     with common.bad_input(PERTURB_FLAGS):
-        job = PerturbJob(eps=eps, tau=tau, models=common.names(models), seed=seed,
+        job = PerturbJob(eps=eps, tau=tau, sigma=sigma, rho=rho, models=common.names(models),
+                         seed=seed,
                          samples=samples, ball=ball, num_subsets=subsets,
                          subset_size=subset_size, num_inputs=pool or 0, batch=batch)
     common.check_memory(chunk_size, max_memory)
@@ -96,7 +107,9 @@ def _print_perturb(result, job: PerturbJob, world, out: Path) -> None:
     from cbcert.robustness.protocol import table_cells
 
     titles = {"eps": "geometric: z̃ = z + ε·u" + (", u in the unit ball" if job.ball else ""),
-              "tau": "semantic: τ uniformly chosen concepts flipped"}
+              "tau": "semantic: τ uniformly chosen concepts flipped",
+              "sigma": "smoothing noise: z̃ = z + σ·N(0, I)",
+              "rho": "smoothing noise: each concept flipped with probability ρ"}
     for kind, title in titles.items():
         rows = [row for row in result.rows if row.kind == kind]
         if not rows:

@@ -28,8 +28,14 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+_AXES = {"eps": "ε (latent L2 shift)", "tau": "τ (concepts flipped)",
+         "sigma": "σ (latent Gaussian noise)", "rho": "ρ (concept flip probability)"}
+_SYMBOLS = {"eps": "ε", "tau": "τ", "sigma": "σ", "rho": "ρ"}
+
+
 def figure_pfr(cell: CellResult, kind: str, path: Path) -> Path | None:
-    """PFR (mean ± sd over subsets) per model vs ε (``kind='eps'``) or τ (``'tau'``)."""
+    """PFR (mean ± sd over subsets) per model vs the budgets of one kind: ε (``kind='eps'``),
+    τ (``'tau'``), σ (``'sigma'``) or ρ (``'rho'``)."""
     budgets = [b for b in cell.summary["budgets"] if b["kind"] == kind]
     if not budgets:
         return None
@@ -40,8 +46,7 @@ def figure_pfr(cell: CellResult, kind: str, path: Path) -> Path | None:
         ax.errorbar(x, [b["pfr"][model]["mean"] for b in budgets],
                     yerr=[b["pfr"][model]["sd"] for b in budgets], marker="o", capsize=3,
                     label=model)
-    ax.set(xlabel="ε (latent L2 shift)" if kind == "eps" else "τ (concepts flipped)",
-           ylabel="PFR", title=f"Prediction flip rate vs {'ε' if kind == 'eps' else 'τ'}")
+    ax.set(xlabel=_AXES[kind], ylabel="PFR", title=f"Prediction flip rate vs {_SYMBOLS[kind]}")
     ax.legend()
     return _save(fig, path)
 
@@ -95,7 +100,7 @@ def robustness_gaps(cells: Sequence[CellResult]) -> tuple[list[str], list[str], 
         s = cell.summary
         if cell.kind == "perturb" and {"std", "cbm"} <= set(s["settings"]["models"]):
             for b in s["budgets"]:
-                label = f"{'ε' if b['kind'] == 'eps' else 'τ'}={b['value']:g} (perturb)"
+                label = f"{_SYMBOLS[b['kind']]}={b['value']:g} (perturb)"
                 rows.setdefault(label, {})[columns[0]] = (
                     b["pfr"]["std"]["mean"] - b["pfr"]["cbm"]["mean"])
         elif cell.kind == "certify" and {"std", "cbm"} <= set(s["models"]):
@@ -173,7 +178,8 @@ def write_figures(cells: Sequence[CellResult], out: Path,
     perturbs = [c for c in cells if c.kind == "perturb"]
     for cell in perturbs:
         prefix = "" if len(perturbs) == 1 else f"{cell.name}_"
-        for kind in ("eps", "tau"):
+        smoothing_kinds = [k for k in ("sigma", "rho") if cell.summary["settings"].get(k)]
+        for kind in ("eps", "tau", *smoothing_kinds):
             plans.append((f"{prefix}pfr_vs_{kind}.png",
                           lambda p, c=cell, k=kind: figure_pfr(c, k, p)))
         plans.append((f"{prefix}cfr_dfs_vs_pfr.png", lambda p, c=cell: figure_flips_vs_pfr(c, p)))

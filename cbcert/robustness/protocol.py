@@ -32,7 +32,9 @@ import numpy as np
 
 from cbcert.robustness import stats
 
-BUDGET_KINDS = ("eps", "tau")
+BUDGET_KINDS = ("eps", "tau", "sigma", "rho")
+# How a budget reads in tables and figures.
+BUDGET_SYMBOLS = {"eps": "ε", "tau": "τ", "sigma": "σ", "rho": "ρ"}
 DFS_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
@@ -86,7 +88,8 @@ class BudgetMeasurement:
     Every array has leading dimension M (agreement-set order) and an optional sample axis S.
 
     Attributes:
-      kind: "eps" (geometric, latent shift of norm ε) or "tau" (semantic, τ concept flips).
+      kind: "eps" (geometric, latent shift of norm ε), "tau" (semantic, τ concept flips),
+        "sigma" (latent Gaussian noise σ) or "rho" (Bernoulli concept flips ρ).
       value: the budget ε or τ.
       prediction_flips: model name -> [M] or [M, S] bool, from `stats.prediction_flips`.
       concept_flips: [M] or [M, S] int counts from `stats.concept_flip_counts`, or None when
@@ -344,7 +347,7 @@ def table_cells(rows: Sequence[BudgetRow]) -> tuple[tuple[str, ...], list[tuple[
         headers += [f"Δ {c.model_a}−{c.model_b}", "p", "p_Holm"]
     body = []
     for row in rows:
-        budget = f"ε={row.value:g}" if row.kind == "eps" else f"τ={row.value:g}"
+        budget = f"{BUDGET_SYMBOLS[row.kind]}={row.value:g}"
         cells = [budget, _pm(row.cfr), _pm(row.cfr_count, 2)]
         cells += [_pm(row.pfr[name]) for name in models]
         cells += [_pm(row.dfs[name].over_subsets) for name in concept_models]

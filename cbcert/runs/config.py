@@ -132,7 +132,8 @@ class ConceptConfig(_Schedule, Section):
 
 @dataclass(frozen=True)
 class PerturbConfig(Section):
-    """Empirical protocol (SPEC §3): latent budgets ε, concept budgets τ, k subsets of n."""
+    """Empirical protocol (SPEC §3): latent budgets ε, concept budgets τ, smoothing-noise
+    budgets σ (latent Gaussian) and ρ (Bernoulli concept flips), k subsets of n."""
 
     eps: tuple[float, ...] = field(default=(0.05, 0.1, 0.3, 0.5, 0.8), metadata=rule("eps"))
     tau: tuple[int, ...] = field(default=(1, 2, 5, 10), metadata=rule("count"))
@@ -140,11 +141,14 @@ class PerturbConfig(Section):
     subset_size: int = field(default=200, metadata=rule("count"))
     samples: int = field(default=1, metadata=rule("samples"))
     ball: bool = False
+    sigma: tuple[float, ...] = field(default=(), metadata=rule("sigma"))
+    rho: tuple[float, ...] = field(default=(), metadata=rule("rho"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.eps and not self.tau:
-            raise ConfigError("keys 'eps' and 'tau': at least one budget is needed, both empty")
+        if not (self.eps or self.tau or self.sigma or self.rho):
+            raise ConfigError("keys 'eps', 'tau', 'sigma' and 'rho': at least one budget is "
+                              "needed, all empty")
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
 """Empirical robustness runs (SPEC §3): pool → agreement set → perturbations → records → table.
 
 A run perturbs the first M inputs of the std/cbm agreement set of a generated pool at every
-geometric budget ε (``z̃ = z + ε u``, u uniform on the unit sphere or in the unit ball) and every
-semantic budget τ (flip τ uniformly chosen concepts of ``c = E(g1(z))``), evaluates every model
-on the clean and the perturbed images, and appends one JSONL record per input to
-``<budget>.jsonl`` (e.g. ``eps0.3.jsonl``, ``tau5.jsonl``) as each batch of inputs finishes.
+geometric budget ε (``z̃ = z + ε u``, u uniform on the unit sphere or in the unit ball), every
+semantic budget τ (flip τ uniformly chosen concepts of ``c = E(g1(z))``) and every smoothing
+budget — Gaussian σ (``z̃ = z + σ ε``) and Bernoulli ρ (each concept of c flipped w.p. ρ), the
+noises of ``certify latent`` / ``certify concept`` — evaluates every model on the clean and the
+perturbed images, and appends one JSONL record per input to ``<budget>.jsonl`` (e.g.
+``eps0.3.jsonl``, ``tau5.jsonl``, ``sigma0.1.jsonl``, ``rho0.2.jsonl``) as each batch of inputs
+finishes.
 ``summary.json`` is rebuilt from the records only: k random subsets of n agreement inputs,
 mean ± sd over subsets of CFR, PFR per model and DFS, paired tests of PFR differences,
 Holm–Bonferroni over every test of the run (`protocol.build_table`).
@@ -19,9 +22,12 @@ Noise: sample j of global pool input i at any budget of one kind comes from
 the budgets of a kind (common random numbers) means an input moves in the same direction at
 every ε and flips nested concept sets at every τ (``FixedFlips`` ranks concepts by one random
 permutation), so differences between budgets are not sampling noise; each budget on its own has
-exactly the distribution of SPEC §1. Records depend only on ``(seed, i, j)`` and the batch an
-input falls in (batches are fixed blocks of the agreement set), so a resumed run writes the same
-records and summary as an uninterrupted one.
+exactly the distribution of SPEC §1. σ and ρ budgets draw sample j from
+``sample_key(fold_in(root, Stream.ESTIMATE), i, j)``: exactly the estimation noise of ``certify
+latent --sigma σ`` / ``certify concept --rho ρ`` with the same seed, so their PFR is the
+fraction of the certificate's own noisy samples that leave the clean prediction. Records depend
+only on ``(seed, i, j)`` and the batch an input falls in (batches are fixed blocks of the
+agreement set), so a resumed run writes the same records and summary as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import numpy as np
 
 from cbcert.concepts import concept_state
 from cbcert.engine.keys import Stream, stream_key
-from cbcert.engine.noise import FixedFlips, SphereShift
+from cbcert.engine.noise import BernoulliFlips, FixedFlips, Gaussian, SphereShift
 from cbcert.engine.sampler import map_inputs, map_samples
 from cbcert.robustness import protocol, stats
 from cbcert.runs.certify import check_models
@@ -66,6 +72,8 @@ class PerturbJob:
     Attributes:
       eps: geometric budgets ε > 0 (latent L2 shift norms).
       tau: semantic budgets τ >= 1 (numbers of flipped concepts, at most K of the world).
+      sigma: smoothing budgets σ (latent Gaussian noise std, `certify latent`'s noise).
+      rho: smoothing budgets ρ in (0, ½) (independent concept flips, `certify concept`'s).
       models: models evaluated on the same images; PFR differences compare ``models[0]`` with
         each other model, so at least two are needed.
       seed: root seed of the pool, the noise and the subsets.
@@ -87,20 +95,25 @@ class PerturbJob:
     subset_size: int = 200
     num_inputs: int = 0
     batch: int = 100
+    sigma: tuple[float, ...] = ()
+    rho: tuple[float, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "eps", tuple(float(e) for e in self.eps))
         object.__setattr__(self, "tau", tuple(int(t) for t in self.tau))
+        object.__setattr__(self, "sigma", tuple(float(s) for s in self.sigma))
+        object.__setattr__(self, "rho", tuple(float(r) for r in self.rho))
         object.__setattr__(self, "models", tuple(self.models))
         if self.num_inputs == 0:
             object.__setattr__(self, "num_inputs", 2 * self.subset_size)
-        if not self.eps and not self.tau:
-            raise _error("eps", (), "give at least one budget (eps or tau)")
-        for key, budgets, rule in (("eps", self.eps, "eps"), ("tau", self.tau, "count")):
+        if not (self.eps or self.tau or self.sigma or self.rho):
+            raise _error("eps", (), "give at least one budget (eps, tau, sigma or rho)")
+        for kind in BUDGET_KINDS:
+            budgets, rule = getattr(self, kind), BUDGET_KINDS[kind].rule
             for value in budgets:
-                validate(rule, value, key=key)
+                validate(rule, value, key=kind)
             if len(set(budgets)) != len(budgets):
-                raise _error(key, budgets, f"give each budget once, got {list(budgets)}")
+                raise _error(kind, budgets, f"give each budget once, got {list(budgets)}")
         check_models(self.models, minimum=2)
         validate("seed", self.seed, key="seed")
         validate("samples", self.samples, key="samples")
@@ -114,8 +127,8 @@ class PerturbJob:
 
     @property
     def budgets(self) -> tuple[tuple[str, float], ...]:
-        """``(kind, value)`` of every budget, geometric first."""
-        return tuple(("eps", e) for e in self.eps) + tuple(("tau", t) for t in self.tau)
+        """``(kind, value)`` of every budget: ε, τ, σ, ρ in that order."""
+        return tuple((kind, v) for kind in BUDGET_KINDS for v in getattr(self, kind))
 
     @property
     def concept_models(self) -> tuple[str, ...]:
@@ -125,8 +138,40 @@ class PerturbJob:
     def settings(self) -> dict[str, Any]:
         """What the records depend on (everything but the budget lists), JSON-ready."""
         d = asdict(self)
-        del d["eps"], d["tau"]
+        for kind in BUDGET_KINDS:
+            del d[kind]
         return {**d, "models": list(self.models)}
+
+    def budget_lists(self) -> dict[str, list]:
+        """``{"eps": [...], "tau": [...]}`` plus ``sigma`` / ``rho`` when the run has any (a
+        summary without smoothing budgets reads as before they existed)."""
+        return {kind: list(getattr(self, kind)) for kind in BUDGET_KINDS
+                if kind in ("eps", "tau") or getattr(self, kind)}
+
+
+@dataclass(frozen=True)
+class BudgetKind:
+    """One kind of budget: where its noise acts, which noise, which key stream, which range."""
+
+    space: str  # "latent" (noise on z) or "concept" (noise on c = E(g1(z)))
+    stream: int
+    rule: str  # the budget's range in `cbcert.schema.RULES`
+
+    def noise(self, kind: str, num_concepts: int, ball: bool):
+        """The engine noise model whose scale is the budget value."""
+        if kind == "eps":
+            return SphereShift(ball=ball)
+        if kind == "tau":
+            return FixedFlips(num_concepts)
+        return Gaussian() if kind == "sigma" else BernoulliFlips(num_concepts)
+
+
+BUDGET_KINDS = {
+    "eps": BudgetKind("latent", Stream.GEOMETRIC, "eps"),
+    "tau": BudgetKind("concept", Stream.SEMANTIC, "count"),
+    "sigma": BudgetKind("latent", Stream.ESTIMATE, "sigma"),
+    "rho": BudgetKind("concept", Stream.ESTIMATE, "rho"),
+}
 
 
 @dataclass(frozen=True)
@@ -184,18 +229,23 @@ class _Kind:
 
 def _kinds(world, job: PerturbJob, latents: np.ndarray, root: jax.Array,
            memory: dict) -> dict[str, _Kind]:
+    """The `_Kind` of every budget kind the job uses (concept inputs encoded once)."""
     scores = bool(job.concept_models)
+    used = {kind for kind, _ in job.budgets}
+    concepts = None
     kinds = {}
-    for kind, space in (("eps", "latent"), ("tau", "concept")):
-        observe = observer(world, space, job.models, scores)
-        if kind == "eps":
-            inputs, noise = latents, SphereShift(ball=job.ball)
-            key = stream_key(root, Stream.GEOMETRIC)
+    for kind, spec in BUDGET_KINDS.items():
+        if kind not in used:
+            continue
+        observe = observer(world, spec.space, job.models, scores)
+        if spec.space == "latent":
+            inputs = latents
         else:
-            inputs = encode_inputs(world, latents, **memory)
-            noise = FixedFlips(world.generator.num_concepts)
-            key = stream_key(root, Stream.SEMANTIC)
-        kinds[kind] = _Kind(inputs, noise, key, observe,
+            if concepts is None:
+                concepts = encode_inputs(world, latents, **memory)
+            inputs = concepts
+        noise = spec.noise(kind, world.generator.num_concepts, job.ball)
+        kinds[kind] = _Kind(inputs, noise, stream_key(root, spec.stream), observe,
                             lambda params, x_clean, x_noisy, f=observe: f(params, x_noisy))
     return kinds
 
@@ -233,7 +283,13 @@ def _records(job: PerturbJob, pool, rows: np.ndarray, clean: dict, perturbed: di
 
 
 def check_budgets(job: PerturbJob, num_concepts: int) -> None:
-    """Raise `ConfigError` (key ``tau``) if a budget flips more than the world's K concepts."""
+    """Raise `ConfigError` (key ``tau``) if a budget flips more than the world's K concepts,
+    (key ``rho``/``tau``) if the world has no concepts but the job perturbs them."""
+    if num_concepts == 0:
+        for kind in ("tau", "rho"):
+            if getattr(job, kind):
+                raise _error(kind, getattr(job, kind), "the world has no concepts (no CB-AE); "
+                                                       "concept budgets are unavailable")
     for t in job.tau:
         if t > num_concepts:
             raise _error("tau", t, f"got {t}, allowed range [1, K={num_concepts}] (concepts of "
@@ -382,7 +438,7 @@ def summarize(out: str | Path, job: PerturbJob, agreement_indices: np.ndarray,
     rows = protocol.build_table(measurements, subsets,
                                 comparisons=[(first, m) for m in job.models[1:]])
     return PerturbResult(rows, {
-        "settings": {**job.settings(), "eps": list(job.eps), "tau": list(job.tau)},
+        "settings": {**job.settings(), **job.budget_lists()},
         "budgets": [row.to_dict() for row in rows],
         "subsets": np.asarray(agreement_indices)[subsets].tolist(),
     })

@@ -125,7 +125,8 @@ def plan_cells(config: ExperimentConfig, sections: Sequence[str] = SECTIONS) -> 
     if "perturb" in sections:
         p = config.perturb
         job = perturb_runner.PerturbJob(
-            eps=p.eps, tau=p.tau, models=EMPIRICAL_MODELS, seed=w.seed, samples=p.samples,
+            eps=p.eps, tau=p.tau, sigma=p.sigma, rho=p.rho, models=EMPIRICAL_MODELS,
+            seed=w.seed, samples=p.samples,
             ball=p.ball, num_subsets=p.subsets, subset_size=p.subset_size,
             num_inputs=w.num_inputs)
         cells.append(Cell("perturb", "perturb", job))
@@ -171,8 +172,8 @@ def check_cells(cells: Sequence[Cell], world) -> None:
         if cell.kind == "perturb":
             try:
                 perturb_runner.check_budgets(cell.job, world.generator.num_concepts)
-            except ValueError as error:
-                raise ConfigError(f"section 'perturb', key 'tau': {error}") from None
+            except ConfigError as error:
+                raise ConfigError(f"section 'perturb', key '{error.key}': {error}") from None
 
 
 def git_revision() -> str | None:
