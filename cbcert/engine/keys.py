@@ -21,7 +21,7 @@ class Stream(enum.IntEnum):
     """
 
     SELECT = 0  # CERTIFY's n0 selection samples
-    ESTIMATE = 1  # CERTIFY's n estimation samples; PREDICT
+    ESTIMATE = 1  # CERTIFY's n estimation samples; PREDICT; perturb's σ and ρ budgets
     POOL = 2  # the generated input pool z_i
     GEOMETRIC = 3  # perturb: latent shifts ε·u
     ATTACK = 3  # attack: APGD random starts
