@@ -148,13 +148,29 @@ def test_figures_are_pngs_and_absent_data_are_noted(run_dir, written):
     assert figures == {
         "pfr_vs_eps.png", "cfr_dfs_vs_pfr.png",
         "certified_accuracy_latent-sigma0.25.png", "certified_accuracy_latent-sigma0.5.png",
-        "smacc_acr_vs_sigma.png", "robustness_gap.png"}
+        "smacc_acr_vs_sigma.png", "robustness_gap.png", "attacks.png"}
     for name in figures:
         assert (run_dir / report.REPORT_DIR / name).read_bytes()[:8] == PNG_MAGIC
     for absent in ("smacc_acr_vs_rho.png", "pfr_vs_tau.png"):
         assert any(absent in n for n in notes)
     markdown = (run_dir / report.REPORT_DIR / "report.md").read_text()
     assert "Config `tiny`" in markdown and "![robustness_gap](robustness_gap.png)" in markdown
+
+
+def test_attack_figure_groups_vanilla_and_smoothed_cells(tmp_path):
+    def attack(name, smoothed, robust):
+        summary = {"space": "latent", "norm": "linf", "loss": "ce", "smoothed": smoothed,
+                   "sigma": 0.25 if smoothed else None, "eps": [0.03],
+                   "models": {m: {"clean_accuracy": 0.9, "budgets": [
+                       {"eps": 0.03, "num_inputs": 4, "robust_accuracy": robust}]}
+                       for m in ("std", "cbm")}}
+        return cells.CellResult(name, "attack", {"job": {}}, summary)
+
+    found = [attack("attack-latent", False, 0.2), attack("attack-latent-smoothed", True, 0.6)]
+    path = figures.figure_attacks(found, tmp_path / "attacks.png")
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    assert figures._attack_label(found[1]) == "latent linf\nsmoothed σ=0.25"
+    assert figures.figure_attacks([], tmp_path / "none.png") is None
 
 
 def test_robustness_gap_sign_is_positive_when_cbm_is_more_robust(run_dir):

@@ -87,7 +87,7 @@ def test_unknown_section_is_an_error(tmp_path):
         ("perturb: {tau: [1, true]}", r"key 'tau\[1\]': expected int, got bool True"),
         ("latent: {alpha: 1e-3}", "got str '1e-3' \\(YAML reads exponents"),
         ("attack: {norm: l1}", "key 'norm': expected 'linf' \\| 'l2', got str 'l1'"),
-        ("attack: [1, 2]", "section 'attack': expected a mapping, got list"),
+        ("attack: [1, 2]", r"section 'attack\[0\]': expected a mapping, got int 1"),
     ],
 )
 def test_wrong_types_name_key_value_and_expected_type(tmp_path, text, message):

@@ -67,6 +67,31 @@ def test_smoothed_attack_cell_takes_scale_and_predict_settings(tmp_path):
     assert sweep.plan_cells(cfg, ("attack",))[0].name == "attack-concept-smoothed-rho0.1"
 
 
+def test_several_attack_sections_make_one_cell_each(tmp_path):
+    """Vanilla and smoothed × latent and concept from one config (the attack figure's cells)."""
+    text = ("preset: smoke\nattack:\n  - {space: latent}\n  - {space: concept}\n"
+            "  - {space: latent, smoothed: true, sigma: 0.25}\n"
+            "  - {space: concept, smoothed: true, rho: 0.2, iters: 3}\n")
+    _, cfg = _config(tmp_path, text)
+    cells = sweep.plan_cells(cfg, ("attack",))
+    assert [c.name for c in cells] == ["attack-latent", "attack-concept",
+                                       "attack-latent-smoothed-sigma0.25",
+                                       "attack-concept-smoothed-rho0.2"]
+    assert [c.job.iters for c in cells] == [10, 10, 10, 3]  # each over the preset's defaults
+    assert ExperimentConfig.from_dict(cfg.to_dict()) == cfg  # the manifest round-trips
+    twice = "preset: smoke\nattack: [{norm: linf}, {norm: l2}]\n"
+    _, cfg = _config(tmp_path, twice)
+    with pytest.raises(ConfigError, match="cell 'attack-latent' is already taken"):
+        sweep.plan_cells(cfg, ("attack",))
+    _, cfg = _config(tmp_path, "preset: smoke\nattack: [{norm: linf}, {norm: l2, name: l2}]\n")
+    assert [c.name for c in sweep.plan_cells(cfg, ("attack",))] == ["attack-latent", "l2"]
+    with pytest.raises(ConfigError, match="key 'name'"):
+        _config(tmp_path, "attack: {name: ../x}\n")
+    # One section stays a mapping in the manifest, as before lists were allowed.
+    _, cfg = _config(tmp_path, "attack: {space: concept}\n")
+    assert isinstance(cfg.to_dict()["attack"], dict) and "name" not in cfg.to_dict()["attack"]
+
+
 def test_sections_in_file(tmp_path):
     path, _ = _config(tmp_path)
     assert sweep.sections_in_file(path) == ("latent",)

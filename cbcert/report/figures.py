@@ -171,6 +171,49 @@ def figure_flips_vs_pfr(cell: CellResult, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def figure_attacks(cells: Sequence[CellResult], path: Path) -> Path | None:
+    """Robust accuracy per attack cell (vanilla / smoothed × latent / concept) and model: one
+    panel per ε, bars grouped by cell; a hatched bar behind each shows its clean accuracy."""
+    attacks = [c for c in cells if c.kind == "attack"]
+    if not attacks:
+        return None
+    plt = _pyplot()
+    eps_values = sorted({b["eps"] for c in attacks for m in c.summary["models"].values()
+                         for b in m["budgets"]})
+    models = list(dict.fromkeys(m for c in attacks for m in c.summary["models"]))
+    fig, axes = plt.subplots(1, len(eps_values), figsize=(2.2 + 2.2 * len(attacks)
+                                                           * len(eps_values), 3.8), squeeze=False)
+    width = 0.8 / len(models)
+    for ax, eps in zip(axes[0], eps_values, strict=True):
+        for j, model in enumerate(models):
+            xs, robust, clean = [], [], []
+            for i, cell in enumerate(attacks):
+                entry = cell.summary["models"].get(model)
+                budget = next((b for b in entry["budgets"] if b["eps"] == eps), None) \
+                    if entry else None
+                if budget is not None:
+                    xs.append(i + (j - (len(models) - 1) / 2) * width)
+                    robust.append(budget["robust_accuracy"])
+                    clean.append(entry["clean_accuracy"])
+            ax.bar(xs, clean, width, color="none", edgecolor="0.6", hatch="//")
+            ax.bar(xs, robust, width, label=model)
+        ax.set_xticks(range(len(attacks)), [_attack_label(c) for c in attacks], rotation=20,
+                      ha="right", fontsize=8)
+        ax.set(ylim=(0, 1), title=f"ε = {eps:g}", ylabel="robust accuracy")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("APGD: robust accuracy (bars) and clean accuracy (hatched), vanilla vs smoothed")
+    return _save(fig, path)
+
+
+def _attack_label(cell: CellResult) -> str:
+    s = cell.summary
+    label = f"{s['space']} {s['norm']}"
+    if s["smoothed"]:
+        key = "sigma" if s["space"] == "latent" else "rho"
+        label += f"\nsmoothed {'σ' if key == 'sigma' else 'ρ'}={s.get(key, float('nan')):g}"
+    return label
+
+
 def write_figures(cells: Sequence[CellResult], out: Path,
                   log: Callable[[str], None] = print) -> list[Path]:
     """Every figure the cells have data for, as PNGs in ``out``; notes for the skipped ones."""
@@ -191,6 +234,8 @@ def write_figures(cells: Sequence[CellResult], out: Path,
         plans.append((f"smacc_acr_vs_{kind.key}.png",
                       lambda p, k=kind: figure_vs_scale(cells, k, p)))
     plans.append(("robustness_gap.png", lambda p: figure_gap_heatmap(cells, p)))
+    if any(c.kind == "attack" for c in cells):
+        plans.append(("attacks.png", lambda p: figure_attacks(cells, p)))
     if not perturbs:
         log("note: no perturb cell; skipped pfr_vs_eps, pfr_vs_tau and cfr_dfs_vs_pfr")
     written = []

@@ -12,7 +12,8 @@ separate from sampling) and writes into ``<run>/report/``:
 * ``attack.csv``: clean and robust accuracy per cell, model and ε;
 * ``report.md`` with every table, and the figures (matplotlib, Agg): PFR vs ε and vs τ, certified
   accuracy vs radius per certification cell, SmAcc and ACR vs σ and vs ρ, the std-vs-cbm
-  robustness-gap heatmap (positive = CBM more robust) and CFR / DFS vs PFR. A figure whose
+  robustness-gap heatmap (positive = CBM more robust), CFR / DFS vs PFR, PFR vs σ and ρ (perturb
+  smoothing budgets) and the attack bars (vanilla / smoothed × latent / concept). A figure whose
   data are absent is skipped with a note.
 """
 

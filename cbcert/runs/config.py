@@ -20,6 +20,7 @@ allowed values.
 
 from __future__ import annotations
 
+import re
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,13 +33,27 @@ from cbcert.certify.schedule import SEQUENTIAL_KEYS, check_settings
 from cbcert.schema import ConfigError, Section, rule, short_repr, shorten, validate_sample_sizes
 
 _MODELS = ("std", "cbm", "proto")
+_CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Keys added after sweep directories existed, with their defaults: written to manifests only
 # when set, so an older sweep still resumes and the reference run stays byte-identical.
 _SCHEDULE_DEFAULTS = types.MappingProxyType({"schedule": "fixed", **dict.fromkeys(SEQUENTIAL_KEYS)})
 _INTEGER_KEYS = ("first_checkpoint",)
 
 
-class _Schedule:
+class _LaterKeys:
+    """A section with keys added after sweep directories existed (``_later_keys``: key →
+    default as `to_dict` writes it): written to manifests only when set, so an older sweep
+    still resumes and the reference run stays byte-identical."""
+
+    _later_keys: Mapping[str, Any] = types.MappingProxyType({})
+
+    def to_dict(self) -> dict[str, Any]:
+        """`Section.to_dict` without the later keys left at their defaults (``_later_keys``)."""
+        later = self._later_keys
+        return {k: v for k, v in super().to_dict().items() if k not in later or v != later[k]}
+
+
+class _Schedule(_LaterKeys):
     """The certification schedule keys of a section (``schedule``, `SEQUENTIAL_KEYS`)."""
 
     _later_keys: Mapping[str, Any] = _SCHEDULE_DEFAULTS
@@ -57,11 +72,6 @@ class _Schedule:
             detail = f"expected {kind} or null, got {type(value).__name__} {short_repr(value)}"
             raise ConfigError(f"key '{key}': {detail}", key=key, value=value, detail=detail)
         check_settings(self.schedule, **{key: getattr(self, key) for key in SEQUENTIAL_KEYS})
-
-    def to_dict(self) -> dict[str, Any]:
-        """`Section.to_dict` without the later keys left at their defaults (``_later_keys``)."""
-        later = self._later_keys
-        return {k: v for k, v in super().to_dict().items() if k not in later or v != later[k]}
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,7 @@ class ConceptConfig(_Schedule, Section):
 
 
 @dataclass(frozen=True)
-class PerturbConfig(Section):
+class PerturbConfig(_LaterKeys, Section):
     """Empirical protocol (SPEC §3): latent budgets ε, concept budgets τ, smoothing-noise
     budgets σ (latent Gaussian) and ρ (Bernoulli concept flips), k subsets of n."""
 
@@ -144,6 +154,8 @@ class PerturbConfig(Section):
     sigma: tuple[float, ...] = field(default=(), metadata=rule("sigma"))
     rho: tuple[float, ...] = field(default=(), metadata=rule("rho"))
 
+    _later_keys = types.MappingProxyType({"sigma": [], "rho": []})
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if not (self.eps or self.tau or self.sigma or self.rho):
@@ -152,8 +164,14 @@ class PerturbConfig(Section):
 
 
 @dataclass(frozen=True)
-class AttackConfig(Section):
-    """APGD-CE through generator and classifier (SPEC §5)."""
+class AttackConfig(_LaterKeys, Section):
+    """APGD-CE through generator and classifier (SPEC §5).
+
+    A config may hold several attack sections (``attack:`` a list of mappings, each over the
+    preset's defaults), e.g. vanilla and smoothed × latent and concept; ``name`` (default
+    ``auto``: from space and smoothing, ``attack-latent``, ``attack-concept-smoothed-rho0.2``)
+    tells apart sections that would get the same cell name.
+    """
 
     space: Literal["latent", "concept"] = "latent"
     eps: tuple[float, ...] = field(default=(0.01, 0.03), metadata=rule("eps", nonempty=True))
@@ -169,6 +187,18 @@ class AttackConfig(Section):
     # then uses the n and alpha of the latent or concept section.
     sigma: float = field(default=0.25, metadata=rule("sigma"))
     rho: float = field(default=0.2, metadata=rule("rho"))
+    # Cell name of this section ("auto": derived from space and smoothing).
+    name: str = "auto"
+
+    _later_keys = types.MappingProxyType({"name": "auto"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not _CELL_NAME.fullmatch(self.name) or self.name in ("report", "manifest.json"):
+            detail = (f"got {short_repr(self.name)}; a directory name of letters, digits, '.', "
+                      "'_', '-' (at most 100, not 'report')")
+            raise ConfigError(f"key 'name': {detail}", key="name", value=self.name,
+                              detail=detail)
 
 
 _SECTIONS: Mapping[str, type[Section]] = types.MappingProxyType(
@@ -191,18 +221,29 @@ class ExperimentConfig:
     latent: LatentConfig = LatentConfig()
     concept: ConceptConfig = ConceptConfig()
     perturb: PerturbConfig = PerturbConfig()
-    attack: AttackConfig = AttackConfig()
+    attack: AttackConfig | tuple[AttackConfig, ...] = AttackConfig()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"key 'name': expected a non-empty string, got "
                               f"{short_repr(self.name)}", key="name", value=self.name)
+        if isinstance(self.attack, tuple) and len(self.attack) == 1:
+            object.__setattr__(self, "attack", self.attack[0])
         for section, cls in _SECTIONS.items():
-            if not isinstance(getattr(self, section), cls):
+            value = getattr(self, section)
+            if section == "attack" and isinstance(value, tuple) and value and all(
+                    isinstance(v, cls) for v in value):
+                continue
+            if not isinstance(value, cls):
                 raise ConfigError(
                     f"section '{section}': expected {cls.__name__}, "
                     f"got {type(getattr(self, section)).__name__}"
                 )
+
+    @property
+    def attacks(self) -> tuple[AttackConfig, ...]:
+        """Every attack section (one, or the list the file gives)."""
+        return self.attack if isinstance(self.attack, tuple) else (self.attack,)
 
     def check_sections(self, sections: tuple[str, ...]) -> None:
         """Checks across sections, for the sections a sweep runs only.
@@ -243,13 +284,33 @@ class ExperimentConfig:
         sections = {}
         for section, section_cls in _SECTIONS.items():
             overrides = data.get(section, {})
-            merged = {**getattr(base, section).to_dict(), **_mapping(overrides, section)}
+            defaults = getattr(base, section)
+            if section == "attack" and isinstance(overrides, list):
+                sections[section] = _attack_list(overrides, base.attacks[0])
+                continue
+            if section == "attack":
+                defaults = base.attacks[0]
+            merged = {**defaults.to_dict(), **_mapping(overrides, section)}
             sections[section] = section_cls.from_dict(merged, section=section)
         return cls(name=data.get("name", base.name), **sections)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict for the run manifest; ``from_dict(to_dict())`` round-trips."""
-        return {"name": self.name, **{s: getattr(self, s).to_dict() for s in _SECTIONS}}
+        """Plain nested dict for the run manifest; ``from_dict(to_dict())`` round-trips (one
+        attack section is a mapping, as before several were allowed; several are a list)."""
+        out = {"name": self.name, **{s: getattr(self, s).to_dict() for s in _SECTIONS
+                                     if s != "attack"}}
+        attacks = [a.to_dict() for a in self.attacks]
+        out["attack"] = attacks[0] if len(attacks) == 1 else attacks
+        return out
+
+
+def _attack_list(items: list, defaults: AttackConfig) -> tuple[AttackConfig, ...]:
+    """Several attack sections: each mapping over the preset's attack defaults."""
+    if not items:
+        raise ConfigError("section 'attack': an empty list; give one mapping or a list of them")
+    return tuple(AttackConfig.from_dict({**defaults.to_dict(), **_mapping(item, f"attack[{i}]")},
+                                        section=f"attack[{i}]")
+                 for i, item in enumerate(items))
 
 
 def _mapping(data: Any, section: str) -> Mapping[str, Any]:

@@ -7,8 +7,9 @@ A config becomes a list of *cells*, each one run of an existing runner in its ow
 * ``concept``: one per Bernoulli ρ — ``concept-rho0.2`` — and one per fixed flip count m —
   ``concept-flips2``;
 * ``perturb``: one `PerturbJob` with every ε and τ budget — ``perturb``;
-* ``attack``: one `AttackJob` for the section's (space, smoothed) pair — ``attack-latent`` or
-  ``attack-latent-smoothed-sigma0.25`` (``attack-concept-smoothed-rho0.2``).
+* ``attack``: one `AttackJob` per attack section (a config may list several) for its (space,
+  smoothed) pair — ``attack-latent`` or ``attack-latent-smoothed-sigma0.25``
+  (``attack-concept-smoothed-rho0.2``), or the section's ``name``.
 
 Inputs: certification and perturbation cells use the first ``world.num_inputs`` inputs of the
 std/cbm agreement set drawn from ``world.seed``; the attack cell the first ``attack.inputs`` of
@@ -131,7 +132,15 @@ def plan_cells(config: ExperimentConfig, sections: Sequence[str] = SECTIONS) -> 
             num_inputs=w.num_inputs)
         cells.append(Cell("perturb", "perturb", job))
     if "attack" in sections:
-        cells.append(_attack_cell(config))
+        taken = {cell.name for cell in cells}
+        for i, attack in enumerate(config.attacks):
+            cell = _attack_cell(config, attack)
+            if cell.name in taken:
+                raise ConfigError(f"section 'attack' (section {i}): cell {cell.name!r} is "
+                                  "already taken by another cell; give this section a distinct "
+                                  "'name'", key="name", value=cell.name)
+            taken.add(cell.name)
+            cells.append(cell)
     return tuple(cells)
 
 
@@ -140,8 +149,8 @@ def _schedule(section) -> dict[str, Any]:
     return {key: getattr(section, key) for key in ("schedule", *SEQUENTIAL_KEYS)}
 
 
-def _attack_cell(config: ExperimentConfig) -> Cell:
-    a = config.attack
+def _attack_cell(config: ExperimentConfig, a) -> Cell:
+    """The cell of attack section ``a`` (an `AttackConfig` of ``config``)."""
     predict = getattr(config, a.space)  # the PREDICT n and α of the latent or concept section
     name = f"attack-{a.space}"
     scale = None
@@ -149,6 +158,8 @@ def _attack_cell(config: ExperimentConfig) -> Cell:
         key = of_space(a.space).key
         scale = getattr(a, key)
         name += f"-smoothed-{key}{value_name(scale)}"
+    if a.name != "auto":
+        name = a.name
     job = attack_runner.AttackJob(
         space=a.space, eps=a.eps, norm=a.norm, iters=a.iters, restarts=a.restarts,
         smoothed=a.smoothed, scale=scale, eot=a.eot, n=predict.n, alpha=predict.alpha,
@@ -163,7 +174,7 @@ def check_cells(cells: Sequence[Cell], world) -> None:
     an hour of earlier cells.
     """
     for cell in cells:
-        section = cell.name.split("-")[0]
+        section = "attack" if cell.kind == "attack" else cell.name.split("-")[0]
         try:
             world.check_models(cell.job.models)
         except ValueError as error:
