@@ -157,6 +157,23 @@ def test_figures_are_pngs_and_absent_data_are_noted(run_dir, written):
     assert "Config `tiny`" in markdown and "![robustness_gap](robustness_gap.png)" in markdown
 
 
+def test_subset_tables_list_each_model_and_test():
+    sd = {"mean": 0.5, "sd": 0.1}
+    subsets = {"num_subsets": 5, "subset_size": 200,
+               "models": {m: {"smoothed_accuracy": sd, "acr": sd,
+                              "radius_of_correct": {"mean": None, "sd": None}}
+                          for m in ("std", "cbm")},
+               "comparisons": [{"metric": "acr", "model_a": "std", "model_b": "cbm",
+                                "delta": sd, "test": "t", "inputs": 300, "p": 0.01,
+                                "p_holm": 0.02}]}
+    cell = cells.CellResult("latent-sigma0.1", "certify", {"job": {}}, {"subsets": subsets})
+    rows, tests = tables.subset_tables([cell])
+    assert [r[:4] for r in rows.rows] == [("latent-sigma0.1", m, 5, 200) for m in ("std", "cbm")]
+    assert rows.rows[0][-2:] == (None, None)
+    assert tests.rows == (("latent-sigma0.1", "acr", "std", "cbm", 0.5, 0.1, 300, 0.01, 0.02),)
+    assert tables.subset_tables([cells.CellResult("x", "certify", {}, {})]) == []
+
+
 def test_attack_figure_groups_vanilla_and_smoothed_cells(tmp_path):
     def attack(name, smoothed, robust):
         summary = {"space": "latent", "norm": "linf", "loss": "ce", "smoothed": smoothed,

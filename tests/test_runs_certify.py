@@ -320,3 +320,26 @@ def test_sequential_cli_flags(world, tmp_path, monkeypatch):
                                        str(tmp_path / "ok")])
     assert ok.exit_code == 0, ok.output
     assert "samples/input" in ok.output and "samples drawn per input" in ok.output
+
+
+def test_subsets_are_analysis_only_and_summarised(world, tmp_path):
+    """--subsets adds mean ± sd over subsets and paired tests to the summary; the records and
+    run.json do not depend on it, so a finished run can be re-summarised with other subsets."""
+    plain = run(world, CertifyJob(noise="gaussian", scale=0.25, **SMALL), tmp_path / "run")
+    assert "subsets" not in plain
+    job = CertifyJob(noise="gaussian", scale=0.25, num_subsets=3, subset_size=4, **SMALL)
+    summary = run(world, job, tmp_path / "run")  # same directory: nothing is sampled again
+    assert _untimed(summary["models"]) == _untimed(plain["models"])
+    subsets = summary["subsets"]
+    assert (subsets["num_subsets"], subsets["subset_size"]) == (3, 4)
+    assert [(c["model_a"], c["model_b"], c["metric"]) for c in subsets["comparisons"]] == [
+        ("std", m, metric) for m in ("cbm", "proto") for metric in ("smoothed_accuracy", "acr")]
+    records = _lines(tmp_path / "run")
+    by_index = {(r["index"], r["model"]): r for r in records}
+    smacc = [np.mean([by_index[(i, "std")]["correct"] for i in subset])
+             for subset in subsets["indices"]]
+    assert subsets["models"]["std"]["smoothed_accuracy"]["mean"] == pytest.approx(np.mean(smacc))
+    with pytest.raises(ValueError, match="subset_size"):
+        CertifyJob(noise="gaussian", scale=0.25, num_subsets=3, subset_size=7, **SMALL)
+    with pytest.raises(ValueError, match="subsets"):
+        CertifyJob(noise="gaussian", scale=0.25, num_subsets=1, subset_size=2, **SMALL)

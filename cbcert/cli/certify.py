@@ -58,6 +58,12 @@ def certify_options(fn):
         click.option("--final-alpha-share", type=float, default=None,
                      help="Sequential: share of --alpha spent at the last checkpoint --n "
                           "[default: 0.5]; the rest is split evenly over the earlier ones."),
+        click.option("--subsets", type=int, default=0, show_default=True,
+                     help="Also report SmAcc, ACR and the radius of correct inputs as mean ± sd "
+                          "over this many random subsets of the certified inputs, with paired "
+                          "tests between models (0: off; else >= 2, with --subset-size)."),
+        click.option("--subset-size", type=int, default=0, show_default=True,
+                     help="Inputs per subset for --subsets, in [1, --inputs]."),
         click.option("--dtype", type=click.Choice(["float32", "bfloat16"]),
                      default=_default("dtype"), show_default=True,
                      help="Compute dtype of generator and classifiers."),
@@ -99,6 +105,7 @@ def run_certification(noise: str, scale, mode: str, opts: dict) -> dict:
                          alpha=opts["alpha"], two_class=opts["two_class"],
                          models=common.names(models), seed=opts["seed"],
                          num_inputs=opts["inputs"], batch=opts["batch"], dtype=opts["dtype"],
+                         num_subsets=opts["subsets"], subset_size=opts["subset_size"],
                          **{key: opts[key] for key in SCHEDULE_KEYS})
     common.check_memory(opts["chunk_size"], opts["max_memory"])
     prefix = "predict-" if mode == "predict" else ""
@@ -153,12 +160,31 @@ def print_summary(summary: dict, job: CertifyJob, world, out: Path) -> None:
         row.append(f"{m['seconds_per_input']:.3f}s")
         table.add_row(*row)
     common.console.print(table)
+    if "subsets" in summary:
+        _print_subsets(summary["subsets"], job)
     if sequential:
         drawn = summary["samples"]
         common.console.print(f"sequential: {drawn['per_input']:.0f} samples drawn per input "
                              f"(fixed schedule: {drawn['fixed_schedule_per_input']}), "
                              f"{drawn['total']} in all")
     common.console.print(f"{unit} radii; records and summary in {out}/")
+
+
+def _print_subsets(subsets: dict, job: CertifyJob) -> None:
+    """Mean ± sd over subsets per model and the paired tests (`robustness.certification`)."""
+    table = Table(title=f"over {subsets['num_subsets']} random subsets of "
+                        f"{subsets['subset_size']} inputs (mean ± sd)")
+    for column in ("model", "SmAcc", "ACR-H" if job.hamming else "ACR", "radius of correct"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for model, m in subsets["models"].items():
+        cells = [f"{m[k]['mean']:.3f} ± {m[k]['sd']:.3f}" if m[k]["mean"] is not None else "–"
+                 for k in ("smoothed_accuracy", "acr", "radius_of_correct")]
+        table.add_row(model, *cells)
+    common.console.print(table)
+    for c in subsets["comparisons"]:
+        common.console.print(f"Δ {c['metric']} {c['model_a']}−{c['model_b']} = "
+                             f"{c['delta']['mean']:.3f} ± {c['delta']['sd']:.3f}, p = {c['p']:.2g}"
+                             f" (p_Holm {c['p_holm']:.2g}; {c['test']}, {c['inputs']} inputs)")
 
 
 @click.command()

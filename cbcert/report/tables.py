@@ -113,7 +113,36 @@ def certification_tables(cells: Sequence[CellResult]) -> list[Table]:
             ("cell", "mode", "noise", "scale", "model", "inputs", "smoothed_accuracy", "acr_h",
              "radius_of_correct", *(f"ca_at_{r}" for r in HAMMING_MARKS), "abstain_rate",
              "seconds_per_input", *SETTINGS_COLUMNS), tuple(concept)))
-    return tables
+    return tables + subset_tables(cells)
+
+
+def subset_tables(cells: Sequence[CellResult]) -> list[Table]:
+    """Certification metrics over random subsets (mean ± sd) and the paired model tests of the
+    cells that asked for them (``subsets`` in the summary)."""
+    rows, tests = [], []
+    for cell in cells:
+        subsets = cell.summary.get("subsets") if cell.kind == "certify" else None
+        if not subsets:
+            continue
+        for model, m in subsets["models"].items():
+            rows.append((cell.name, model, subsets["num_subsets"], subsets["subset_size"],
+                         *(m[k][s] for k in ("smoothed_accuracy", "acr", "radius_of_correct")
+                           for s in ("mean", "sd"))))
+        tests += [(cell.name, c["metric"], c["model_a"], c["model_b"], c["delta"]["mean"],
+                   c["delta"]["sd"], c["inputs"], c["p"], c["p_holm"])
+                  for c in subsets["comparisons"]]
+    if not rows:
+        return []
+    return [Table("certification_subsets", "Certification over random subsets of the certified "
+                  "inputs, mean ± sd", ("cell", "model", "subsets", "subset_size",
+                                        "smoothed_accuracy_mean", "smoothed_accuracy_sd",
+                                        "acr_mean", "acr_sd", "radius_of_correct_mean",
+                                        "radius_of_correct_sd"), tuple(rows)),
+            Table("certification_tests", "Δ = metric_a − metric_b, mean ± sd over subsets; p: "
+                  "paired sign-flip permutation test over the subsets' inputs, p_holm: Holm "
+                  "over the cell's tests", ("cell", "metric", "model_a", "model_b",
+                                            "delta_mean", "delta_sd", "inputs", "p", "p_holm"),
+                  tuple(tests))]
 
 
 SETTINGS_COLUMNS = ("alpha", "n0", "n", "bound", "schedule")

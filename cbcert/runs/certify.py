@@ -26,6 +26,7 @@ from cbcert.certify.schedule import SEQUENTIAL_KEYS, Schedule, Stopping, check_s
 from cbcert.certify.sequential import STOP_REASONS
 from cbcert.certify.smoothing import Smoothing, smoothing
 from cbcert.engine.keys import Stream, stream_key
+from cbcert.robustness.certification import records_subset_summary
 from cbcert.runs import sequential
 from cbcert.runs.directory import (
     RECORDS,
@@ -68,6 +69,10 @@ class CertifyJob:
       target_radius, radius_tolerance: the sequential stopping rules (`Stopping`; certify).
       first_checkpoint, checkpoint_ratio, final_alpha_share: the sequential checkpoints and
         levels (`Schedule.geometric`; None = its default).
+      num_subsets, subset_size: the summary also reports SmAcc, ACR and the radius of correct
+        inputs as mean ± sd over ``num_subsets`` random subsets of ``subset_size`` certified
+        inputs, with paired permutation tests between models (`cbcert.robustness.
+        certification`); 0 = off. Analysis only: not pinned, records do not depend on them.
     """
 
     noise: Literal["gaussian", "bernoulli", "fixed"]
@@ -88,6 +93,8 @@ class CertifyJob:
     first_checkpoint: int | None = None
     checkpoint_ratio: float | None = None
     final_alpha_share: float | None = None
+    num_subsets: int = 0
+    subset_size: int = 0
 
     def __post_init__(self) -> None:
         self.smoothing.check(self.scale)
@@ -106,6 +113,7 @@ class CertifyJob:
             raise ConfigError(f"two_class=True: {detail}", key="two_class", value=True,
                               detail=detail)
         self._check_schedule()
+        check_subsets(self.num_subsets, self.subset_size, self.num_inputs)
 
     def _check_schedule(self) -> None:
         check_settings(self.schedule, mode=self.mode,
@@ -115,6 +123,7 @@ class CertifyJob:
         """The settings ``run.json`` pins: the sequential keys only in sequential runs, so that
         fixed-schedule run directories made before they existed still resume."""
         settings = asdict(self)
+        del settings["num_subsets"], settings["subset_size"]  # analysis only
         if self.schedule == "fixed":
             for key in ("schedule", *SEQUENTIAL_KEYS):
                 del settings[key]
@@ -141,6 +150,19 @@ class CertifyJob:
     @property
     def hamming(self) -> bool:
         return self.smoothing.hamming
+
+
+def check_subsets(num_subsets: int, subset_size: int, num_inputs: int) -> None:
+    """Raise `ConfigError` unless the subsets are off (both 0) or ``2 <= k`` and
+    ``1 <= n <= num_inputs``."""
+    if num_subsets == 0 and subset_size == 0:
+        return
+    validate("subsets", num_subsets, key="num_subsets")
+    validate("count", subset_size, key="subset_size")
+    if subset_size > num_inputs:
+        detail = (f"got {subset_size}, allowed range [1, {num_inputs}] (the inputs certified)")
+        raise ConfigError(f"subset_size={subset_size}: {detail}", key="subset_size",
+                          value=subset_size, allowed=f"[1, {num_inputs}]", detail=detail)
 
 
 def check_models(models: tuple[str, ...], minimum: int = 1) -> None:
@@ -371,7 +393,12 @@ def summarize_records(records: list[dict], job: CertifyJob, num_concepts: int) -
         result["models"][model] = entry
     if job.schedule == "sequential":
         result["samples"] = sequential.samples_drawn(records, job)
+    if job.num_subsets:
+        result["subsets"] = records_subset_summary(
+            records, job.models, num_subsets=job.num_subsets, subset_size=job.subset_size,
+            seed=(job.seed, int(Stream.SUBSETS)))
     return result
 
 
-__all__ = ["ABSTAIN", "CertifyJob", "check_models", "records_of", "run", "summarize_records"]
+__all__ = ["ABSTAIN", "CertifyJob", "check_models", "check_subsets", "records_of", "run",
+           "summarize_records"]

@@ -36,7 +36,8 @@ _MODELS = ("std", "cbm", "proto")
 _CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Keys added after sweep directories existed, with their defaults: written to manifests only
 # when set, so an older sweep still resumes and the reference run stays byte-identical.
-_SCHEDULE_DEFAULTS = types.MappingProxyType({"schedule": "fixed", **dict.fromkeys(SEQUENTIAL_KEYS)})
+_SCHEDULE_DEFAULTS = types.MappingProxyType(
+    {"schedule": "fixed", **dict.fromkeys(SEQUENTIAL_KEYS), "subsets": 0, "subset_size": 0})
 _INTEGER_KEYS = ("first_checkpoint",)
 
 
@@ -90,6 +91,8 @@ class LatentConfig(_Schedule, Section):
     ``schedule: sequential`` certifies with anytime-valid checkpoints up to ``n``
     (`cbcert.certify.sequential`), tuned by ``target_radius``, ``radius_tolerance``,
     ``first_checkpoint``, ``checkpoint_ratio``, ``final_alpha_share`` (null = default/off).
+    ``subsets``, ``subset_size`` (0 = off): SmAcc, ACR and the radius of correct inputs also as
+    mean ± sd over random subsets of the certified inputs, with paired tests between models.
     """
 
     sigmas: tuple[float, ...] = field(default=(0.1,), metadata=rule("sigma", nonempty=True))
@@ -104,6 +107,8 @@ class LatentConfig(_Schedule, Section):
     first_checkpoint: int | None = None
     checkpoint_ratio: float | None = None
     final_alpha_share: float | None = None
+    subsets: int = 0
+    subset_size: int = 0
 
     def __post_init__(self) -> None:
         self._check_schedule()
@@ -115,7 +120,7 @@ class LatentConfig(_Schedule, Section):
 class ConceptConfig(_Schedule, Section):
     """Concept-flip smoothing (SPEC §4): Bernoulli ρ values and fixed flip counts m.
 
-    ``two_class`` and the schedule keys as in `LatentConfig`.
+    ``two_class``, the schedule keys and ``subsets``/``subset_size`` as in `LatentConfig`.
     """
 
     _later_keys = types.MappingProxyType({**_SCHEDULE_DEFAULTS, "two_class": False})
@@ -133,6 +138,8 @@ class ConceptConfig(_Schedule, Section):
     first_checkpoint: int | None = None
     checkpoint_ratio: float | None = None
     final_alpha_share: float | None = None
+    subsets: int = 0
+    subset_size: int = 0
 
     def __post_init__(self) -> None:
         self._check_schedule()
@@ -250,6 +257,13 @@ class ExperimentConfig:
 
         An attack-only file is not refused for the perturb defaults it never uses.
         """
+        for name in ("latent", "concept"):
+            section = getattr(self, name)
+            if name in sections and (section.subsets or section.subset_size):
+                try:
+                    _check_subsets(section.subsets, section.subset_size, self.world.num_inputs)
+                except ConfigError as error:
+                    raise error.within(f"section '{name}', ") from None
         if "perturb" in sections and self.perturb.subset_size > self.world.num_inputs:
             raise ConfigError(
                 f"section 'perturb', key 'subset_size': {self.perturb.subset_size} exceeds "
@@ -311,6 +325,18 @@ def _attack_list(items: list, defaults: AttackConfig) -> tuple[AttackConfig, ...
     return tuple(AttackConfig.from_dict({**defaults.to_dict(), **_mapping(item, f"attack[{i}]")},
                                         section=f"attack[{i}]")
                  for i, item in enumerate(items))
+
+
+def _check_subsets(num_subsets: int, subset_size: int, num_inputs: int) -> None:
+    """The certification subsets of a section (`runs.certify.check_subsets`), named by key."""
+    from cbcert.runs.certify import check_subsets
+
+    try:
+        check_subsets(num_subsets, subset_size, num_inputs)
+    except ConfigError as error:
+        key = "subsets" if error.key == "num_subsets" else error.key
+        raise ConfigError(f"key '{key}': {error.detail}", key=key, value=error.value,
+                          allowed=error.allowed, detail=error.detail) from None
 
 
 def _mapping(data: Any, section: str) -> Mapping[str, Any]:

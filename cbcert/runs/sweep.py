@@ -145,8 +145,9 @@ def plan_cells(config: ExperimentConfig, sections: Sequence[str] = SECTIONS) -> 
 
 
 def _schedule(section) -> dict[str, Any]:
-    """The certification schedule settings of a latent or concept section."""
-    return {key: getattr(section, key) for key in ("schedule", *SEQUENTIAL_KEYS)}
+    """The certification schedule and subset settings of a latent or concept section."""
+    return {**{key: getattr(section, key) for key in ("schedule", *SEQUENTIAL_KEYS)},
+            "num_subsets": section.subsets, "subset_size": section.subset_size}
 
 
 def _attack_cell(config: ExperimentConfig, a) -> Cell:
