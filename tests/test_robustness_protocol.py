@@ -135,7 +135,7 @@ def test_build_table_rejects_misaligned_or_unknown_models():
         protocol.build_table([good], subsets, comparisons=(("std", "proto"),))
     with pytest.raises(ValueError, match="appears twice"):
         protocol.build_table([good, good], subsets)
-    bad_kind = protocol.BudgetMeasurement("sigma", 0.1, good.prediction_flips)
+    bad_kind = protocol.BudgetMeasurement("delta", 0.1, good.prediction_flips)
     with pytest.raises(ValueError, match="kind: must be one of"):
         protocol.build_table([bad_kind], subsets)
 

@@ -68,7 +68,8 @@ def test_unknown_key_names_file_section_and_allowed(tmp_path):
     assert str(error.value) == (
         f"{path}: unknown key 'sigma' in section 'latent' "
         "(allowed: sigmas, n0, n, alpha, two_class, models, schedule, target_radius, "
-        "radius_tolerance, first_checkpoint, checkpoint_ratio, final_alpha_share)"
+        "radius_tolerance, first_checkpoint, checkpoint_ratio, final_alpha_share, subsets, "
+        "subset_size)"
     )
 
 

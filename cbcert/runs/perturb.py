@@ -38,14 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from cbcert.concepts import concept_state
 from cbcert.engine.keys import Stream, stream_key
-from cbcert.engine.noise import BernoulliFlips, FixedFlips, Gaussian, SphereShift
 from cbcert.engine.sampler import map_inputs, map_samples
 from cbcert.robustness import protocol, stats
+from cbcert.runs.budgets import BUDGET_KINDS, budget_name, observer
 from cbcert.runs.certify import check_models
 from cbcert.runs.directory import (
     append_records,
@@ -59,7 +57,7 @@ from cbcert.runs.directory import (
 )
 from cbcert.runs.lock import hold
 from cbcert.runs.pool import agreement_pool, encode_inputs
-from cbcert.schema import ConfigError, validate, value_name
+from cbcert.schema import ConfigError, validate
 
 CONCEPT_MODELS = ("cbm", "cbmh")
 SUMMARY = "summary.json"  # = runs.directory.SUMMARY
@@ -150,31 +148,6 @@ class PerturbJob:
 
 
 @dataclass(frozen=True)
-class BudgetKind:
-    """One kind of budget: where its noise acts, which noise, which key stream, which range."""
-
-    space: str  # "latent" (noise on z) or "concept" (noise on c = E(g1(z)))
-    stream: int
-    rule: str  # the budget's range in `cbcert.schema.RULES`
-
-    def noise(self, kind: str, num_concepts: int, ball: bool):
-        """The engine noise model whose scale is the budget value."""
-        if kind == "eps":
-            return SphereShift(ball=ball)
-        if kind == "tau":
-            return FixedFlips(num_concepts)
-        return Gaussian() if kind == "sigma" else BernoulliFlips(num_concepts)
-
-
-BUDGET_KINDS = {
-    "eps": BudgetKind("latent", Stream.GEOMETRIC, "eps"),
-    "tau": BudgetKind("concept", Stream.SEMANTIC, "count"),
-    "sigma": BudgetKind("latent", Stream.ESTIMATE, "sigma"),
-    "rho": BudgetKind("concept", Stream.ESTIMATE, "rho"),
-}
-
-
-@dataclass(frozen=True)
 class PerturbResult:
     """Outcome of a run: table rows (for `protocol.table_cells`) and the JSON summary."""
 
@@ -184,36 +157,6 @@ class PerturbResult:
 
 def _error(key: str, value, detail: str) -> ConfigError:
     return ConfigError(f"{key}={value!r}: {detail}", key=key, value=value, detail=detail)
-
-
-def budget_name(kind: str, value: float) -> str:
-    """File stem of a budget's records: ``eps0.3``, ``tau5`` (exact: `value_name`)."""
-    return f"{kind}{value_name(value)}"
-
-
-def observer(world, space: str, models: tuple[str, ...], scores: bool) -> Callable:
-    """Pure ``observe(params, x[B, *event]) -> dict`` of what a record needs about an image.
-
-    ``x`` is a latent ``z[B, d]`` (space ``latent``: image ``g(z)``, concepts ``c = E(g1(z))``)
-    or a concept representation ``c[B, 2K + U]`` (space ``concept``: image ``g2(D(c))``).
-
-    Returns ``{"pred": int32[B, H] argmax of every model, "state": bool[B, K] = C(c)}`` plus
-    ``"scores": [B, K]`` the CBM's concept scores r (for DFS) when ``scores``.
-    """
-    gen = world.generator
-    k = gen.num_concepts
-
-    def observe(params, x):
-        c = x if space == "concept" else gen.concepts(params["gen"], x)  # [B, 2K + U]
-        image = gen.image_from_concepts(params["gen"], c)  # [B, H, W, 3]
-        logits = world.classify(params["clf"], image, models)  # [B, H, C]
-        out = {"pred": jnp.argmax(logits, axis=-1).astype(jnp.int32),
-               "state": concept_state(c, k)}
-        if scores:
-            out["scores"] = world.concept_scores(params["clf"], image)  # [B, K]
-        return out
-
-    return observe
 
 
 @dataclass(frozen=True)
@@ -445,5 +388,6 @@ def summarize(out: str | Path, job: PerturbJob, agreement_indices: np.ndarray,
 
 
 __all__ = [
-    "PerturbJob", "PerturbResult", "check_budgets", "measurement", "observer", "run", "summarize",
+    "BUDGET_KINDS", "PerturbJob", "PerturbResult", "budget_name", "check_budgets", "measurement",
+    "observer", "run", "summarize",
 ]
