@@ -47,6 +47,49 @@ def world_show(n: int, flip: int | None, out: Path, world_name: str, seed: int) 
     common.console.print(f"wrote {out}")
 
 
+@world.command("classes")
+@common.world_option()
+@click.option("--samples", type=int, default=2000, show_default=True,
+              help="Generated inputs embedded (their class counts are reported).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pool.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory (default results/classes-<world>-seed<seed>).")
+@common.memory_options
+def world_classes(world_name: str, samples: int, seed: int, out: Path | None,
+                  chunk_size: int | None, max_memory: int | None) -> None:
+    """Class similarity: distances between class centroids in f_std's feature space.
+
+    Writes class_distances.json (counts, the C×C matrix, mean off-diagonal distance, each
+    class's nearest class), class_distances.csv and the heatmap class_distances.png.
+    """
+    import json
+
+    from cbcert.report.figures import figure_class_distances
+    from cbcert.runs.classes import class_distances
+    from cbcert.schema import value_name
+
+    common.check("samples", samples, "--samples")
+    common.check("seed", seed, "--seed")
+    common.check_memory(chunk_size, max_memory)
+    slug = world_name.replace("/", "_").replace(":", "_").strip("._") or "world"
+    out = common.writable_out(out or Path("results") / f"classes-{slug}-seed{value_name(seed)}")
+    world_obj = common.load_world(world_name)
+    with common.bad_input():
+        result = class_distances(world_obj, samples=samples, seed=seed, chunk_size=chunk_size,
+                                 max_memory=max_memory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "class_distances.json").write_text(json.dumps(result, indent=2) + "\n")
+    names = result["class_names"]
+    rows = [",".join(["class", *names])]
+    rows += [",".join([name, *("" if v is None else repr(v) for v in row)])
+             for name, row in zip(names, result["distances"], strict=True)]
+    (out / "class_distances.csv").write_text("\n".join(rows) + "\n")
+    figure_class_distances(result, out / "class_distances.png")
+    common.console.print(f"{result['world']}: mean distance between class centroids "
+                         f"{result['mean_off_diagonal']:.4g} over {result['samples']} samples "
+                         f"({result['labels']} labels); wrote {out}/class_distances.*")
+
+
 @click.group()
 def train() -> None:
     """Retrain shipped models."""

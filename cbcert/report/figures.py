@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from cbcert.certify.smoothing import SMOOTHINGS, Smoothing, smoothing
 from cbcert.report.cells import CellResult
 from cbcert.report.tables import _budget_label
@@ -202,6 +204,28 @@ def figure_attacks(cells: Sequence[CellResult], path: Path) -> Path | None:
         ax.set(ylim=(0, 1), title=f"ε = {eps:g}", ylabel="robust accuracy")
     axes[0][0].legend(fontsize=8)
     fig.suptitle("APGD: robust accuracy (bars) and clean accuracy (hatched), vanilla vs smoothed")
+    return _save(fig, path)
+
+
+def figure_class_distances(result: dict, path: Path) -> Path:
+    """Heatmap of a world's class-centroid distances (``runs.classes.class_distances``)."""
+    plt = _pyplot()
+    names = result["class_names"]
+    values = np.array([[np.nan if v is None else v for v in row] for row in result["distances"]])
+    size = 1.2 + 0.55 * len(names)
+    fig, ax = plt.subplots(figsize=(size + 1.2, size))
+    image = ax.imshow(values, cmap="viridis")
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    if len(names) <= 12:
+        for i in range(len(names)):
+            for j in range(len(names)):
+                if np.isfinite(values[i, j]):
+                    ax.text(j, i, f"{values[i, j]:.2g}", ha="center", va="center", fontsize=6,
+                            color="white")
+    fig.colorbar(image, ax=ax, label="‖μ_c − μ_c'‖₂")
+    ax.set_title(f"Class-centroid distances, f_std features ({result['world']}, "
+                 f"{result['samples']} samples)", fontsize=9)
     return _save(fig, path)
 
 

@@ -68,11 +68,7 @@ def abstract_classifiers(net_config: NetConfig):
 
 def classifier_functions(graphdef, state):
     """Pure ``classify(params, x, names)`` and ``concept_scores(params, x)`` for the engine."""
-
-    def module(params) -> WorldClassifiers:
-        s = jax.tree.map(lambda v: v, state)
-        nnx.replace_by_pure_dict(s, params)
-        return nnx.merge(graphdef, s)
+    module = _module_of(graphdef, state)
 
     def classify(params, x, names):
         return module(params).heads(x, tuple(names))
@@ -81,6 +77,22 @@ def classifier_functions(graphdef, state):
         return module(params).concept_scores(x)
 
     return classify, concept_scores
+
+
+def embedding_function(graphdef, state):
+    """Pure ``embed(params, x[B, H, W, 3]) -> e[B, E]``: the shared backbone's pooled embedding
+    (the standard classifier's penultimate features)."""
+    module = _module_of(graphdef, state)
+    return lambda params, x: module(params).embed(x)
+
+
+def _module_of(graphdef, state):
+    def module(params) -> WorldClassifiers:
+        s = jax.tree.map(lambda v: v, state)
+        nnx.replace_by_pure_dict(s, params)
+        return nnx.merge(graphdef, s)
+
+    return module
 
 
 def load_builtin(preset: str = "default", weights: str | Path | None = None) -> World:
@@ -164,6 +176,7 @@ def _assemble(name: str, world, graphdef, state, params, metadata: dict) -> Worl
         class_names=world.class_names,
         true_label=world.label_of,
         metadata=metadata,
+        embed=embedding_function(graphdef, state),
     )
 
 

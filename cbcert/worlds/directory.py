@@ -229,7 +229,8 @@ def load_classifiers(spec: WorldSpec) -> tuple[dict[str, Callable], Callable, di
     Returns:
       ``(apply_fns, concept_fn, params, manifests)``: ``apply_fns[role](params[role],
       x[B, h, w, 3]) -> logits[B, C]``, ``concept_fn(params["cbm"], x) -> r[B, K]`` (the
-      PCBM's margins), and each role's checkpoint manifest.
+      PCBM's margins), and each role's checkpoint manifest; ``apply_fns["std:embed"]`` is the
+      standard classifier's pooled embedding ``(params["std"], x) -> e[B, D]``.
 
     Raises:
       ValueError: a directory that is not a converted model, a kind that does not fit its role.
@@ -247,6 +248,8 @@ def load_classifiers(spec: WorldSpec) -> tuple[dict[str, Callable], Callable, di
                              f"{_EXPECTED_KIND[role]}")
         apply_fns[role], params[role] = pure_apply(module)
         manifests[role] = manifest
+        if role == "std":
+            apply_fns["std:embed"], _ = pure_apply(module, lambda m, x: m.embed(x))
         if role == "cbm":
             concept_fn, _ = pure_apply(module, lambda m, x: m.concept_scores(x))
     return apply_fns, concept_fn, params, manifests
@@ -275,6 +278,9 @@ def load_world_dir(path: str | Path) -> World:
     def concept_scores(p, x):
         return concept_fn(p["cbm"], preprocess(x))
 
+    def embed(p, x):
+        return apply_fns["std:embed"](p["std"], preprocess(x))
+
     _check_class_counts(classify, params, generator.image_shape, spec)
     return World(
         name=f"dir:{spec.name}", generator=generator, classify=classify,
@@ -282,7 +288,7 @@ def load_world_dir(path: str | Path) -> World:
         model_names=tuple(role for role in ROLES if role in apply_fns),
         class_names=spec.class_names, true_label=None,
         metadata={"world_dir": str(spec.root), "concepts": generator.num_concepts > 0,
-                  "classifiers": manifests})
+                  "classifiers": manifests}, embed=embed)
 
 
 def _check_class_counts(classify: Callable, params: dict, image_shape: tuple[int, ...],

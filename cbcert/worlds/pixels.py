@@ -28,7 +28,7 @@ import numpy as np
 
 from cbcert.generators.base import Generator
 from cbcert.io import checkpoint
-from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, load_converted
+from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, load_module, pure_apply
 from cbcert.schema import shorten
 from cbcert.worlds.manifest import Preprocess
 from cbcert.worlds.world import World
@@ -206,13 +206,15 @@ def load_pixel_world(images: str | Path, classifier: str | Path | None,
         raise ValueError(f"normalize={normalize!r}; allowed: {', '.join(NORMALIZE)}")
     x, y = read_images(images)
     try:
-        apply_fn, params, manifest = load_converted(classifier)
+        module, manifest = load_module(classifier)
     except checkpoint.CheckpointError as err:
         raise ValueError(f"classifier: {err}") from None
     if manifest["kind"] not in (*RESNET_NAMES, *DENSENET_NAMES):
         raise ValueError(f"classifier {shorten(str(classifier))} is kind="
                          f"{shorten(repr(manifest['kind']), 80)}; a pixels world needs a "
                          "converted torchvision resnet*/densenet*")
+    apply_fn, params = pure_apply(module)
+    embed_fn, _ = pure_apply(module, lambda m, v: m.embed(v))
     num_classes = int(manifest["config"]["num_classes"])
     if np.any(y >= num_classes):
         bad = int(np.flatnonzero(y >= num_classes)[0])
@@ -229,6 +231,9 @@ def load_pixel_world(images: str | Path, classifier: str | Path | None,
     def concept_scores(p, images_):
         raise ValueError("a pixels world has no concepts")
 
+    def embed(p, images_):
+        return embed_fn(p["std"], preprocess(images_))
+
     digest = hashlib.sha256(np.ascontiguousarray(x).tobytes())
     digest.update(np.ascontiguousarray(y).tobytes())
     dataset = Dataset(latents=x.reshape(len(x), -1), labels=y, sha256=digest.hexdigest())
@@ -239,4 +244,5 @@ def load_pixel_world(images: str | Path, classifier: str | Path | None,
                  classify=classify, concept_scores=concept_scores,
                  classifier_params={"std": params}, model_names=("std",),
                  class_names=tuple(str(c) for c in range(num_classes)), true_label=None,
-                 metadata={"identity": identity, "concepts": False}, dataset=dataset)
+                 metadata={"identity": identity, "concepts": False}, dataset=dataset,
+                 embed=embed)

@@ -36,6 +36,9 @@ class World:
       true_label: optional ``(gen_params, z[B, d]) -> int32[B]`` ground-truth classes.
       metadata: provenance (weights manifest, documented accuracies…); ``metadata["identity"]``,
         when present, is pinned in every run directory (``run.json``) with the name.
+      embed: ``(params, x[B, H, W, 3]) -> e[B, D]``, the standard classifier's penultimate
+        features (pooled embedding) of images: class centroids, class similarity; None if the
+        world cannot give them.
       dataset: fixed inputs instead of generated ones (``cbcert.worlds.pixels.Dataset``:
         ``latents[N, d]``, ``labels[N]``): the pool is these inputs in order, each with its
         own label, and there is no agreement set; None for generated worlds.
@@ -51,6 +54,7 @@ class World:
     true_label: Callable[[Params, jax.Array], jax.Array] | None = None
     metadata: dict | None = None
     dataset: Any = None
+    embed: Callable[[Params, jax.Array], jax.Array] | None = None
 
     @property
     def num_classes(self) -> int:
