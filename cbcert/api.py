@@ -153,9 +153,9 @@ class Smoothed:
     mesh: Any = None
     _shapes: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
-    def _prepare(self, x) -> tuple[Any, Callable, int, bool]:
-        """(inputs as an array, engine fn ``[B, H, C]``, C, whether ``apply_fn`` has a head
-        axis) for inputs ``x``."""
+    def _prepare(self, x) -> tuple[Any, Callable, int, int]:
+        """(inputs as an array, engine fn ``[B, H, C]``, C, H, or 0 when ``apply_fn`` has no
+        head axis) for inputs ``x``."""
         x = np.asarray(x) if not isinstance(x, jax.Array) else x
         if x.ndim < 1 or x.shape[0] < 1:
             raise ValueError(f"x has shape {tuple(x.shape)}; expected [N, *event] with N >= 1")
@@ -172,7 +172,7 @@ class Smoothed:
                              "logits")
         heads = len(shape) == 3
         fn = self.apply_fn if heads else _with_head_axis(self.apply_fn)
-        return x, fn, int(classes), heads
+        return x, fn, int(classes), shape[1] if heads else 0
 
     def _engine(self, num_classes: int, progress) -> dict[str, Any]:
         return dict(num_classes=num_classes, chunk_size=self.chunk_size,
@@ -220,11 +220,9 @@ class Smoothed:
             counts = count_classes(fn, self.params, x, noise, scale, estimate, n,
                                    indices=indices, **engine)  # [N, H, C]
             return _heads(predict_counts(counts, alpha), heads)
-        num_heads = self._shapes[jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype)]
-        num_heads = num_heads[1] if heads else 1
-        trackers = [SequentialPredictor(len(x), plan) for _ in range(num_heads)]
-        _run_sequential(fn, self.params, x, noise, scale, estimate, plan, trackers, indices,
-                        engine)
+        trackers = [SequentialPredictor(len(x), plan) for _ in range(max(heads, 1))]
+        drive_trackers(fn, self.params, x, noise, scale, estimate, plan.checkpoints, trackers,
+                       indices=indices, **_memory(engine))
         return _stack([t.results() for t in trackers], heads)
 
     def certify(self, x, key: jax.Array, n0: int, n: int, alpha: float, *,
@@ -269,8 +267,8 @@ class Smoothed:
                           heads)
         trackers = [SequentialCertifier(select[:, h], plan, rule, stopping=stopping,
                                         two_class=two_class) for h in range(select.shape[1])]
-        _run_sequential(fn, self.params, x, noise, scale, estimate, plan, trackers, indices,
-                        engine)
+        drive_trackers(fn, self.params, x, noise, scale, estimate, plan.checkpoints, trackers,
+                       indices=indices, **_memory(engine))
         return _stack([t.results() for t in trackers], heads)
 
 
@@ -300,9 +298,20 @@ def _schedule(schedule, n: int, alpha: float) -> Schedule:
     return Schedule.of(schedule, n, alpha)
 
 
-def _run_sequential(fn, params, x, noise, scale, key, plan: Schedule, trackers, indices,
-                    engine: dict) -> None:
-    """Drive one tracker per head through the continuous sampler until every input stops."""
+def _memory(engine: dict) -> dict:
+    """The engine settings `count_classes_sequential` takes (no progress callback)."""
+    return {k: engine[k] for k in ("num_classes", "chunk_size", "max_memory", "mesh", "dtype")}
+
+
+def drive_trackers(fn: Callable, params, x, noise, scale, key: jax.Array, checkpoints,
+                   trackers: list, *, finished=None, **engine: Any) -> None:
+    """Drive one sequential tracker per head through the continuous sampler.
+
+    An input stops once every head's tracker (`SequentialCertifier` / `SequentialPredictor`)
+    has stopped it at a checkpoint: ``decide(rows, k, counts[m, H, C])`` is the AND over heads
+    of ``trackers[h].step(rows, k, counts[:, h])``. ``finished`` and ``engine`` (num_classes,
+    indices, chunk_size, max_memory, mesh, dtype) are `count_classes_sequential`'s.
+    """
 
     def decide(rows, k, counts):  # [m], [m, H, C]
         stop = np.ones(len(rows), bool)
@@ -310,12 +319,11 @@ def _run_sequential(fn, params, x, noise, scale, key, plan: Schedule, trackers, 
             stop &= tracker.step(rows, k, counts[:, h])
         return stop
 
-    memory = {k: engine[k] for k in ("num_classes", "chunk_size", "max_memory", "mesh", "dtype")}
-    count_classes_sequential(fn, params, x, noise, scale, key, plan.checkpoints, decide,
-                             indices=indices, **memory)
+    count_classes_sequential(fn, params, x, noise, scale, key, checkpoints, decide,
+                             finished=finished, **engine)
 
 
-def _heads(result, heads: bool):
+def _heads(result, heads: int):
     """Drop the head axis of every field when ``apply_fn`` has none."""
     if heads:
         return result
@@ -323,7 +331,7 @@ def _heads(result, heads: bool):
                                           for f in dataclasses.fields(result)})
 
 
-def _stack(results: list, heads: bool):
+def _stack(results: list, heads: int):
     """Per-head results ``[N]`` → one result ``[N, H]`` (or ``[N]`` without heads)."""
     if not heads:
         return results[0]
@@ -332,4 +340,5 @@ def _stack(results: list, heads: bool):
         for f in dataclasses.fields(results[0])})
 
 
-__all__ = ["ABSTAIN", "Noise", "Smoothed", "bernoulli", "fixed_flips", "gaussian", "smooth"]
+__all__ = ["ABSTAIN", "Noise", "Smoothed", "bernoulli", "drive_trackers", "fixed_flips",
+           "gaussian", "smooth"]

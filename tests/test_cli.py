@@ -13,7 +13,7 @@ from cbcert.worlds.builtin import untrained_world
 @pytest.fixture()
 def runner(monkeypatch):
     world = untrained_world("default", seed=0)
-    monkeypatch.setattr(cli_common, "load_world", lambda name: world)
+    monkeypatch.setattr(cli_common, "load_world", lambda name, **_: world)
     return CliRunner()
 
 

@@ -279,7 +279,7 @@ def test_job_rejects_bad_settings(kwargs, match):
 
 @pytest.fixture
 def linear_cli(monkeypatch):
-    monkeypatch.setattr(cli_common, "load_world", lambda name: WORLD)
+    monkeypatch.setattr(cli_common, "load_world", lambda name, **_: WORLD)
     return CliRunner()
 
 

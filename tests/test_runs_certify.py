@@ -305,7 +305,7 @@ def test_sequential_cli_flags(world, tmp_path, monkeypatch):
     from cbcert import cli
     from cbcert.cli import common as cli_common
 
-    monkeypatch.setattr(cli_common, "load_world", lambda name: world)
+    monkeypatch.setattr(cli_common, "load_world", lambda name, **_: world)
     base = ["latent", "--sigma", "0.25", "--quiet", "--out", str(tmp_path / "x")]
     for extra, flag in ((["--target-radius", "0.1"], "--target-radius"),
                         (["--schedule", "sequential", "--checkpoint-ratio", "1"],

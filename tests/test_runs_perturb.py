@@ -199,7 +199,7 @@ def test_tau_above_the_number_of_concepts_is_rejected(world, tmp_path):
     ],
 )
 def test_cli_rejects_bad_values_before_loading(monkeypatch, args, flag, message):
-    def no_world(preset):
+    def no_world(preset, **_):
         raise AssertionError("the world must not be loaded for invalid flags")
 
     monkeypatch.setattr(cli_common, "load_world", no_world)
@@ -209,7 +209,7 @@ def test_cli_rejects_bad_values_before_loading(monkeypatch, args, flag, message)
 
 
 def test_cli_checks_tau_against_the_world(monkeypatch, world, tmp_path):
-    monkeypatch.setattr(cli_common, "load_world", lambda preset: world)
+    monkeypatch.setattr(cli_common, "load_world", lambda preset, **_: world)
     result = CliRunner().invoke(cli.main, ["perturb", "--tau", "2,13", "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert "--tau" in result.output and "[1, K=12]" in result.output
@@ -219,7 +219,7 @@ def test_cli_rerun_of_a_finished_run_prints_the_table(monkeypatch, world, finish
     full, result = finished
     out = tmp_path / "again"
     shutil.copytree(full, out)
-    monkeypatch.setattr(cli_common, "load_world", lambda preset: world)
+    monkeypatch.setattr(cli_common, "load_world", lambda preset, **_: world)
     monkeypatch.setattr(cli_common, "console", Console(width=250))
     args = ["perturb", "--eps", "1e-6,0.5", "--tau", "1,3", "--seed", "3", "--samples", "2",
             "--subsets", "3", "--subset-size", "8", "--pool", "12", "--batch", "6",

@@ -115,9 +115,7 @@ def load_agreement_world(name: str, models: tuple[str, ...], *, concepts: bool =
     if name.startswith("pixels:") and not pixels:
         raise click.BadParameter(f"{name}: pixels worlds work with certify latent and certify "
                                  "predict --space latent only", param_hint="--world")
-    pixel_options = name.startswith("pixels:") or classifier is not None
-    world = (load_world(name, classifier=classifier, normalize=normalize) if pixel_options
-             else load_world(name))
+    world = load_world(name, classifier=classifier, normalize=normalize)
     with bad_input():
         world.check_models(models)
     if concepts and world.generator.num_concepts == 0:

@@ -12,6 +12,7 @@ import numpy as np
 from cbcert.certify.smoothing import SMOOTHINGS, Smoothing, smoothing
 from cbcert.report.cells import CellResult
 from cbcert.report.tables import _budget_label
+from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
 
 def _pyplot():
@@ -32,7 +33,6 @@ def _save(fig, path: Path) -> Path:
 
 _AXES = {"eps": "ε (latent L2 shift)", "tau": "τ (concepts flipped)",
          "sigma": "σ (latent Gaussian noise)", "rho": "ρ (concept flip probability)"}
-_SYMBOLS = {"eps": "ε", "tau": "τ", "sigma": "σ", "rho": "ρ"}
 
 
 def figure_pfr(cell: CellResult, kind: str, path: Path) -> Path | None:
@@ -48,7 +48,8 @@ def figure_pfr(cell: CellResult, kind: str, path: Path) -> Path | None:
         ax.errorbar(x, [b["pfr"][model]["mean"] for b in budgets],
                     yerr=[b["pfr"][model]["sd"] for b in budgets], marker="o", capsize=3,
                     label=model)
-    ax.set(xlabel=_AXES[kind], ylabel="PFR", title=f"Prediction flip rate vs {_SYMBOLS[kind]}")
+    ax.set(xlabel=_AXES[kind], ylabel="PFR",
+           title=f"Prediction flip rate vs {BUDGET_SYMBOLS[kind]}")
     ax.legend()
     return _save(fig, path)
 
@@ -102,7 +103,7 @@ def robustness_gaps(cells: Sequence[CellResult]) -> tuple[list[str], list[str], 
         s = cell.summary
         if cell.kind == "perturb" and {"std", "cbm"} <= set(s["settings"]["models"]):
             for b in s["budgets"]:
-                label = f"{_SYMBOLS[b['kind']]}={b['value']:g} (perturb)"
+                label = f"{BUDGET_SYMBOLS[b['kind']]}={b['value']:g} (perturb)"
                 rows.setdefault(label, {})[columns[0]] = (
                     b["pfr"]["std"]["mean"] - b["pfr"]["cbm"]["mean"])
         elif cell.kind == "certify" and {"std", "cbm"} <= set(s["models"]):

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from cbcert.api import drive_trackers
 from cbcert.certify.bounds import binomial_test_half
 from cbcert.certify.schedule import largest_radius, samples_needed
 from cbcert.certify.sequential import (
@@ -26,7 +27,6 @@ from cbcert.certify.sequential import (
     SequentialPredictor,
     pilot_hopeless,
 )
-from cbcert.engine.continuous import count_classes_sequential
 from cbcert.engine.keys import Stream, stream_key
 from cbcert.engine.sampler import count_classes
 from cbcert.runs.directory import finite_or_none, json_line
@@ -120,12 +120,6 @@ def run_sequential(job, pool, rows: np.ndarray, done: set, inputs, model: Sampli
         trackers = [SequentialPredictor(len(rows), schedule) for _ in job.models]
     select_seconds = (time.perf_counter() - start) / len(rows)
 
-    def decide(local, k, counts):  # [m], [m, H, C]
-        stop = np.ones(len(local), bool)
-        for h, tracker in enumerate(trackers):
-            stop &= tracker.step(local, k, counts[:, h])
-        return stop
-
     def write(local, counts, samples, seconds):
         nonlocal finished
         for h, name in enumerate(job.models):
@@ -141,9 +135,9 @@ def run_sequential(job, pool, rows: np.ndarray, done: set, inputs, model: Sampli
         if progress:
             progress(finished, job.num_inputs)
 
-    count_classes_sequential(model.apply_fn, model.params, inputs[rows], model.noise, job.scale,
-                             stream_key(model.root, Stream.ESTIMATE), schedule.checkpoints,
-                             decide, indices=idx, finished=write, **memory)
+    drive_trackers(model.apply_fn, model.params, inputs[rows], model.noise, job.scale,
+                   stream_key(model.root, Stream.ESTIMATE), schedule.checkpoints, trackers,
+                   indices=idx, finished=write, **memory)
 
 
 def _sequential_record(pool, row: int, model: str, result, r: int) -> dict:
