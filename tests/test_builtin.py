@@ -189,7 +189,7 @@ def test_train_world_writes_to_the_user_dir_and_runners_load_it(monkeypatch, tmp
     monkeypatch.setenv("CBCERT_HOME", str(tmp_path))
     shipped = {p: p.read_bytes() for p in shipped_path("default").rglob("*") if p.is_file()}
     assert weights_path("default") == shipped_path("default")
-    monkeypatch.setattr(world_nets, "train", lambda world, config, log: _untrained_result())
+    monkeypatch.setattr(world_nets, "train", lambda world, config, log, **_: _untrained_result())
     result = CliRunner().invoke(main, ["train", "world", "--preset", "default", "--quick"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "worlds" / "default" / checkpoint.MANIFEST).is_file()
@@ -213,3 +213,57 @@ def test_train_world_checks_out_before_training(monkeypatch, tmp_path):
     (tmp_path / "file").write_text("x")
     result = CliRunner().invoke(main, ["train", "world", "--out", str(tmp_path / "file" / "w")])
     assert result.exit_code == 2 and "--out" in result.output and "under the file" in result.output
+
+
+def test_a_backbone_is_borrowed_only_from_the_same_pretext(monkeypatch, tmp_path):
+    """Phase 0 depends on the pretext fields only: the shipped default backbone serves every
+    variant trained with the same settings, and any other setting is refused by name."""
+    from click.testing import CliRunner
+
+    from cbcert.cli import main
+    from cbcert.training import world_nets
+    from cbcert.training.world_nets import TrainConfig, pretext_backbone
+
+    default = load_builtin("default")
+    backbone, source = pretext_backbone(weights_path("default"),
+                                        ConceptWorldConfig.from_preset("similar5"), TrainConfig())
+    for a, b in zip(jax.tree.leaves(backbone), jax.tree.leaves(
+            default.classifier_params["backbone"]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert source["params_sha256"] == checkpoint.read_manifest(
+        weights_path("default"))["params_sha256"]
+    with pytest.raises(checkpoint.CheckpointError, match="train.seed=0, this run needs 1"):
+        pretext_backbone(weights_path("default"), ConceptWorldConfig(), TrainConfig(seed=1))
+    with pytest.raises(checkpoint.CheckpointError, match="image_size=32, this run needs 64"):
+        pretext_backbone(weights_path("default"), ConceptWorldConfig.from_preset("px64"),
+                         TrainConfig())
+
+    monkeypatch.setenv("CBCERT_HOME", str(tmp_path))
+    seen = []
+    monkeypatch.setattr(world_nets, "train", lambda world, config, log, backbone=None:
+                        seen.append(backbone) or _untrained_result())
+    result = CliRunner().invoke(main, ["train", "world", "--preset", "vocab12",
+                                       "--backbone-from", "default"])
+    assert result.exit_code == 0, result.output
+    assert seen[0][1]["directory"] == str(weights_path("default").absolute())
+    result = CliRunner().invoke(main, ["train", "world", "--preset", "vocab12",
+                                       "--backbone-from", "nope"])
+    assert result.exit_code == 2 and "--backbone-from" in result.output
+    assert "neither a directory nor a preset" in result.output
+
+
+@pytest.mark.parametrize("preset", ["similar5", "dissimilar5", "k8", "vocab12", "vocab16"])
+def test_shipped_variant_weights_load_and_share_the_default_backbone(preset):
+    """Every variant preset the shipped configs use has weights in the package, trained with
+    ``--backbone-from default`` (phase 0 skipped, the backbone kept bit for bit)."""
+    from cbcert.worlds.builtin import shipped_path
+
+    world = load_builtin(preset, weights=shipped_path(preset))
+    default = load_builtin("default")
+    for a, b in zip(jax.tree.leaves(world.classifier_params["backbone"]),
+                    jax.tree.leaves(default.classifier_params["backbone"]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    metrics = world.metadata["metrics"]
+    assert metrics["backbone_from"]["params_sha256"] == checkpoint.read_manifest(
+        shipped_path("default"))["params_sha256"]
+    assert metrics["agreement_std_cbm"] > 0.5 and metrics["accuracy"]["std"] > 0.5

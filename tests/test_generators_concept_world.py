@@ -134,3 +134,33 @@ def test_world_is_deterministic_in_its_structure_seed():
     c = make_world(ConceptWorldConfig(structure_seed=1))
     np.testing.assert_array_equal(a.params["A"], b.params["A"])
     assert not np.array_equal(a.params["A"], c.params["A"])
+
+
+def test_vocabulary_study_keeps_the_task_fixed_across_k():
+    """vocab12/vocab16 add concepts outside k8's class rule: same patterns, same first 8
+    concepts and the same class for every latent, while the concept model sees 8, 12, 16."""
+    worlds = [make_world(ConceptWorldConfig.from_preset(p)) for p in ("k8", "vocab12", "vocab16")]
+    assert [w.generator.num_concepts for w in worlds] == [8, 12, 16]
+    z = worlds[0].sample_latents(jax.random.key(4), 4096)
+    labels = [np.asarray(w.label_of(w.params, z)) for w in worlds]
+    concepts = [np.asarray(w.concepts_of(w.params, z)) for w in worlds]
+    for w, y, c in zip(worlds[1:], labels[1:], concepts[1:], strict=True):
+        np.testing.assert_array_equal(w.params["patterns"], worlds[0].params["patterns"])
+        np.testing.assert_array_equal(c[:, :8], concepts[0])
+        np.testing.assert_array_equal(y, labels[0])
+    assert len(np.unique(labels[0])) == 10  # every class occurs: a non-trivial task
+    # A concept outside the core never changes the class; a core concept can.
+    big = worlds[2]
+    flipped = concepts[2].copy()
+    flipped[:, 8:] ^= True
+    np.testing.assert_array_equal(big.label_of_concepts(big.params, flipped), labels[2])
+    flipped = concepts[2].copy()
+    flipped[:, :8] ^= True
+    assert np.any(np.asarray(big.label_of_concepts(big.params, flipped)) != labels[2])
+
+
+def test_label_concepts_is_checked_and_left_out_of_old_identities():
+    with pytest.raises(ValueError, match="label_concepts=13"):
+        ConceptWorldConfig(label_concepts=13)
+    assert "label_concepts" not in ConceptWorldConfig().identity()  # shipped weights match
+    assert ConceptWorldConfig.from_preset("vocab12").identity()["label_concepts"] == 8

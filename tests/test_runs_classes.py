@@ -42,3 +42,21 @@ def test_cli_writes_json_csv_and_heatmap(tmp_path):
     assert (out / "class_distances.png").read_bytes()[:4] == b"\x89PNG"
     bad = CliRunner().invoke(main, ["world", "classes", "--samples", "0", "--out", str(out)])
     assert bad.exit_code == 2 and "--samples" in bad.output
+
+
+def test_classes_cell_writes_the_summary_once_and_pins_its_settings(tmp_path, monkeypatch):
+    import pytest
+
+    from cbcert.runs import classes
+    from cbcert.runs.directory import RUN, SUMMARY, RunMismatchError
+
+    world = load_builtin("default")
+    out = tmp_path / "classes"
+    summary = classes.run(world, classes.ClassesJob(samples=40, seed=1), out)
+    assert summary == class_distances(world, samples=40, seed=1)
+    assert json.loads((out / SUMMARY).read_text()) == summary
+    assert json.loads((out / RUN).read_text())["classes"] == {"samples": 40, "seed": 1}
+    monkeypatch.setattr(classes, "class_distances", lambda *a, **k: pytest.fail("recomputed"))
+    assert classes.run(world, classes.ClassesJob(samples=40, seed=1), out) == summary
+    with pytest.raises(RunMismatchError, match="different settings"):
+        classes.run(world, classes.ClassesJob(samples=41, seed=1), out)

@@ -198,3 +198,54 @@ def test_schedule_keys_reach_the_cells_and_stay_out_of_old_manifests(tmp_path):
 def test_bad_schedule_keys_name_section_and_key(tmp_path, text, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         config.load_config(_write(tmp_path, text + "\n"))
+
+
+WORLDS = """\
+preset: smoke
+name: mw
+world: {seed: 3, num_inputs: 16}
+latent: {sigmas: [0.25], n: 50}
+perturb: {tau: [1, 2, 10]}
+worlds:
+  - default
+  - {preset: k8, family: vocabulary, num_inputs: 12, perturb: {tau: [1, 2]}}
+  - {preset: some/dir/mine, name: mine, latent: {n: 80}}
+"""
+
+
+def test_worlds_entries_merge_the_file_sections_and_round_trip(tmp_path):
+    cfg = config.load_config(_write(tmp_path, WORLDS))
+    assert [(w.name, w.family) for w in cfg.worlds] == [
+        ("default", ""), ("k8", "vocabulary"), ("mine", "")]
+    default, k8, mine = (cfg.for_world(w) for w in cfg.worlds)
+    assert default.world == config.WorldConfig(preset="default", seed=3, num_inputs=16)
+    assert (k8.world.num_inputs, k8.world.seed, k8.perturb.tau) == (12, 3, (1, 2))
+    assert k8.latent == default.latent and k8.perturb.eps == default.perturb.eps
+    assert (mine.world.preset, mine.latent.n, mine.latent.sigmas) == ("some/dir/mine", 80, (0.25,))
+    assert default.perturb.tau == (1, 2, 10) and not default.worlds
+    assert {c.name for c in (default, k8, mine)} == {"mw"}
+    manifest = json.loads(json.dumps(cfg.to_dict()))
+    assert [w["name"] for w in manifest["worlds"]] == ["default", "k8", "mine"]
+    assert ExperimentConfig.from_dict(manifest) == cfg
+
+
+def test_a_config_without_worlds_or_classes_keeps_its_manifest_form():
+    """Sweeps written before both keys existed must still resume (manifest pinned)."""
+    assert set(ExperimentConfig().to_dict()) == {"name", "world", "latent", "concept", "perturb",
+                                                 "attack"}
+    cfg = ExperimentConfig.from_dict({"classes": {"samples": 64}})
+    assert cfg.to_dict()["classes"] == {"samples": 64}
+
+
+@pytest.mark.parametrize("entries, match", [
+    ("[]", r"key 'worlds': expected a non-empty list"),
+    ("[{family: x}]", r"worlds\[0\]: no world; give a preset name"),
+    ("[default, default]", r"worlds\[1\]: world name 'default' is already taken"),
+    ("[{preset: default, name: report}]", r"worlds\[0\], key 'name': got 'report'"),
+    ("[{preset: default, colour: red}]", r"worlds\[0\]: unknown key 'colour'"),
+    ("[{preset: default, family: 3}]", r"worlds\[0\], key 'family': expected a string"),
+    ("[default, {preset: k8, latent: {n: 0}}]", r"worlds\[1\] \(k8\): .*key 'n'"),
+])
+def test_bad_world_entries_name_the_entry(tmp_path, entries, match):
+    with pytest.raises(ConfigError, match=match):
+        config.load_config(_write(tmp_path, f"preset: smoke\nworlds: {entries}\n"))

@@ -96,7 +96,9 @@ def test_sections_in_file(tmp_path):
     path, _ = _config(tmp_path)
     assert sweep.sections_in_file(path) == ("latent",)
     path.write_text("preset: smoke\n")
-    assert sweep.sections_in_file(path) == sweep.SECTIONS
+    assert sweep.sections_in_file(path) == sweep.DEFAULT_SECTIONS
+    path.write_text("preset: smoke\nclasses: {samples: 8}\nworlds: [{preset: k8, perturb: {}}]\n")
+    assert sweep.sections_in_file(path) == ("perturb", "classes")
 
 
 def test_resume_after_interrupted_cell_gives_identical_summaries(world, tmp_path, monkeypatch):
@@ -231,3 +233,67 @@ def test_a_second_sweep_into_the_same_directory_is_refused(world, tmp_path):
     out = tmp_path / "run"
     with hold(out), pytest.raises(RunLockedError, match="in use by another run"):
         sweep.run_sweep(cfg, out, sections=("latent",), load_world=lambda preset: world)
+
+
+MULTI = TINY + """\
+classes: {samples: 32}
+worlds:
+  - {preset: default, family: similarity}
+  - {preset: other, name: b, latent: {sigmas: [0.5]}}
+"""
+
+
+def test_multi_world_sweep_runs_every_world_into_its_own_directory(world, tmp_path):
+    """Cells ``<world>/<cell>``; each world directory is the single-world sweep of its entry
+    (same manifest, same records), so it can be reported or resumed on its own."""
+    path, cfg = _config(tmp_path, MULTI)
+    sections = sweep.sections_in_file(path)
+    assert sections == ("latent", "classes")
+    cells = sweep.plan_cells(cfg, sections)
+    assert [(c.name, c.world) for c in cells] == [
+        ("default/latent-sigma0.25", "default"), ("default/latent-sigma0.5", "default"),
+        ("default/classes", "default"), ("b/latent-sigma0.5", "b"), ("b/classes", "b")]
+    asked = []
+    out = tmp_path / "run"
+    summaries = sweep.run_sweep(cfg, out, sections=sections,
+                                load_world=lambda preset: asked.append(preset) or world)
+    assert asked == ["default", "other"] and set(summaries) == {c.name for c in cells}
+    top = json.loads((out / sweep.MANIFEST).read_text())
+    assert top["worlds"] == [{"name": "default", "family": "similarity"},
+                             {"name": "b", "family": ""}]
+    assert top["world"] == {"default": world.name, "b": world.name}
+    assert [c["name"] for c in top["cells"]] == [c.name for c in cells]
+
+    single_cfg = cfg.for_world(cfg.worlds[0])
+    single = tmp_path / "single"
+    sweep.run_sweep(single_cfg, single, sections=sections, load_world=lambda preset: world)
+    own = json.loads((out / "default" / sweep.MANIFEST).read_text())
+    alone = json.loads((single / sweep.MANIFEST).read_text())
+    assert {k: own[k] for k in ("config", "cells", "world")} == \
+        {k: alone[k] for k in ("config", "cells", "world")}
+    names = ["latent-sigma0.25", "latent-sigma0.5", "classes"]
+    assert _summaries(out / "default", names) == _summaries(single, names)
+    # Rerunning resumes: a lost summary is rebuilt identically, the others are kept.
+    before = _summaries(out / "b", ["latent-sigma0.5", "classes"])
+    (out / "b" / "latent-sigma0.5" / SUMMARY).unlink()
+    sweep.run_sweep(cfg, out, sections=sections, load_world=lambda preset: world)
+    assert _summaries(out / "b", ["latent-sigma0.5", "classes"]) == before
+    # Shards deal the cells of every world; their union is the whole sweep.
+    dealt = [c.name for i in range(3) for c in sweep.shard_cells(cells, i, 3)]
+    assert sorted(dealt) == sorted(c.name for c in cells)
+
+
+def test_cli_multi_world_loads_each_world_and_refuses_world_flag(world, tmp_path, monkeypatch):
+    path, _ = _config(tmp_path, MULTI)
+    asked = []
+    monkeypatch.setattr("cbcert.cli.common.load_world",
+                        lambda name, **_: asked.append(name) or world)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--world", "x"])
+    assert result.exit_code == 2 and "--world" in result.output and "2 worlds" in result.output
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--status"])
+    assert result.exit_code == 0 and "b/classes" in result.output and "5 missing" in result.output
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert asked == ["default", "other"]
+    assert (out / "b" / "classes" / SUMMARY).is_file()

@@ -23,6 +23,14 @@ def _sweep_world(preset: str):
                                  param_hint="CONFIG") from None
 
 
+def _any_world(name: str):
+    """A world of a multi-world config: a built-in preset or a world directory."""
+    try:
+        return common.load_world(name)
+    except click.BadParameter as err:
+        raise click.BadParameter(f"key 'worlds': {err.message}", param_hint="CONFIG") from None
+
+
 @click.command("sweep")
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -42,8 +50,10 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
     """Run every cell of an experiment config into OUT/<cell>/ and write OUT/manifest.json.
 
     Cells: one certification per σ (latent) and per ρ and fixed flip count m (concept), one
-    perturb run with all budgets, one attack run. Only the sections the file names are swept
-    (all four if it names none). Interrupted sweeps resume when rerun with the same --out.
+    perturb run with all budgets, one attack run per attack section, one class-distance
+    measurement (classes). Only the sections the file names are swept (latent, concept,
+    perturb and attack if it names none). A config with a `worlds:` list runs every world's
+    cells into OUT/<world>/<cell>/. Interrupted sweeps resume when rerun with the same --out.
 
     Example: certify sweep configs/reference.yaml --out results/reference
     (add --world <dir> to run the same cells on a world from real parts; --shard I/N on each
@@ -60,6 +70,10 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
     except ConfigError as err:
         raise click.BadParameter(str(err), param_hint="CONFIG") from None
     part = _shard(shard, sweep)
+    if world_name is not None and config.worlds:
+        raise click.BadParameter(f"{config_path} lists {len(config.worlds)} worlds (key "
+                                 "'worlds'); --world replaces the world of a single-world "
+                                 "config only", param_hint="--world")
     out = out or Path("results") / config_path.stem
     if status:
         _print_status(sweep, out, cells, part)
@@ -72,7 +86,12 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
 
     try:
         with bars(quiet, unit="units") as progress:
-            load = _sweep_world if world_name is None else (lambda _: common.load_world(world_name))
+            if config.worlds:
+                load = _any_world
+            elif world_name is None:
+                load = _sweep_world
+            else:
+                load = lambda _: common.load_world(world_name)  # noqa: E731
             sweep.run_sweep(config, out, sections=sections, load_world=load,
                             progress=progress, on_cell=done, shard=part)
     except RunDirError as err:

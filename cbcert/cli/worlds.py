@@ -85,8 +85,10 @@ def world_classes(world_name: str, samples: int, seed: int, out: Path | None,
              for name, row in zip(names, result["distances"], strict=True)]
     (out / "class_distances.csv").write_text("\n".join(rows) + "\n")
     figure_class_distances(result, out / "class_distances.png")
+    mean = result["mean_off_diagonal"]
     common.console.print(f"{result['world']}: mean distance between class centroids "
-                         f"{result['mean_off_diagonal']:.4g} over {result['samples']} samples "
+                         f"{'n/a (under two classes)' if mean is None else f'{mean:.4g}'} over "
+                         f"{result['samples']} samples "
                          f"({result['labels']} labels); wrote {out}/class_distances.*")
 
 
@@ -103,11 +105,20 @@ def train() -> None:
                    "$CBCERT_HOME/worlds/<preset> or ~/.local/share/cbcert/worlds/<preset>; "
                    "runners load it instead of the shipped weights).")
 @click.option("--quick", is_flag=True, help="A few steps of each phase (smoke test, not accurate).")
-def train_world(preset: str, seed: int, out: Path | None, quick: bool) -> None:
-    """Train f_std, PCBM (+ PCBM-h) and the prototype net on a world, reproducibly from --seed."""
+@click.option("--backbone-from", "backbone_from", default=None, metavar="PRESET|DIR",
+              help="Skip the backbone's pretext pre-training (phase 0) and take the backbone of "
+                   "this trained preset (its loaded weights) or world-classifiers checkpoint; "
+                   "refused unless it was pre-trained with the same pretext settings, so the "
+                   "backbone is the one phase 0 would train.")
+def train_world(preset: str, seed: int, out: Path | None, quick: bool,
+                backbone_from: str | None) -> None:
+    """Train f_std, PCBM (+ PCBM-h) and the prototype net on a world, reproducibly from --seed.
+
+    Example: certify train world --preset similar5 --backbone-from default
+    """
     from cbcert.generators.concept_world import ConceptWorldConfig, make_world
-    from cbcert.training.world_nets import TrainConfig, save_trained, train
-    from cbcert.worlds.builtin import user_path
+    from cbcert.training.world_nets import TrainConfig, pretext_backbone, save_trained, train
+    from cbcert.worlds.builtin import user_path, weights_path
 
     common.check("seed", seed, "--seed")
     try:
@@ -118,8 +129,22 @@ def train_world(preset: str, seed: int, out: Path | None, quick: bool) -> None:
     tc = TrainConfig(seed=seed)
     if quick:
         tc = TrainConfig.quick(seed)
+    backbone = None
+    if backbone_from is not None:
+        source = Path(backbone_from)
+        if not source.is_dir():
+            try:
+                ConceptWorldConfig.from_preset(backbone_from)
+            except ValueError as err:
+                raise click.BadParameter(f"{backbone_from!r} is neither a directory nor a "
+                                         f"preset ({err})", param_hint="--backbone-from") from None
+            source = weights_path(backbone_from)
+        try:
+            backbone = pretext_backbone(source, config, tc)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--backbone-from") from None
     world_obj = make_world(config)
-    result = train(world_obj, tc, log=lambda s: common.err_console.print(s))
+    result = train(world_obj, tc, log=lambda s: common.err_console.print(s), backbone=backbone)
     path = save_trained(target, config, result)
     metrics = result[-1]
     common.console.print_json(data={"accuracy": metrics["accuracy"],

@@ -23,7 +23,7 @@ linear in ``b``: ``argmax_k Σ_i (2b_i − 1)(2p_ki − 1) − 10⁻³ k`` (ties
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +71,11 @@ class ConceptWorldConfig:
       sharpness: κ in ``a_i = sigmoid(κ v_i)``.
       logit_scale: γ, scale of the concept logit pairs.
       structure_seed: seed of the fixed matrices and class patterns (part of the world's identity).
+      label_concepts: the class rule reads only the first ``label_concepts`` concepts (0: all
+        K). With it fixed, K grows the vocabulary a concept model sees while the task stays the
+        same: the patterns are drawn over the core only, concept i is ``sin(ω (A z)_i)`` for
+        every K, so a latent has the same class in every world of the study (``vocab12``,
+        ``vocab16`` over the core of ``k8``: 8 → 12 → 16 concepts, as the method's 18 → 27 → 36).
     """
 
     num_concepts: int = 12
@@ -84,11 +89,16 @@ class ConceptWorldConfig:
     sharpness: float = 225.0
     logit_scale: float = 2.0
     structure_seed: int = 0
+    label_concepts: int = 0
 
     @classmethod
     def from_preset(cls, name: str) -> ConceptWorldConfig:
         """Named presets: ``default``, ``k8``, ``k16``, ``px64``, ``similar5``, ``similar10``,
-        ``dissimilar5``, ``dissimilar10``."""
+        ``dissimilar5``, ``dissimilar10``, ``vocab12``, ``vocab16``.
+
+        ``k8``/``k16`` change the task with K (their patterns span all K concepts);
+        ``vocab12``/``vocab16`` keep ``k8``'s task and add 4 / 8 concepts outside the class rule.
+        """
         presets = {
             "default": {},
             "k8": {"num_concepts": 8},
@@ -98,6 +108,8 @@ class ConceptWorldConfig:
             "similar10": {"extra_similar": 10},
             "dissimilar5": {"extra_dissimilar": 5},
             "dissimilar10": {"extra_dissimilar": 10},
+            "vocab12": {"num_concepts": 12, "label_concepts": 8},
+            "vocab16": {"num_concepts": 16, "label_concepts": 8},
         }
         if name not in presets:
             raise ValueError(f"unknown world preset {name!r} (allowed: {', '.join(presets)})")
@@ -112,6 +124,21 @@ class ConceptWorldConfig:
             )
         if self.image_size not in (32, 64):
             raise ValueError(f"image_size={self.image_size} not in (32, 64)")
+        if not 0 <= self.label_concepts <= self.num_concepts:
+            raise ValueError(f"label_concepts={self.label_concepts} not in [0, num_concepts="
+                             f"{self.num_concepts}]")
+
+    def identity(self) -> dict:
+        """The fields as a dict, without those added after weights were shipped while they sit
+        at their defaults (``label_concepts = 0``): what a checkpoint's ``world_config`` pins,
+        so the weights trained before a field existed still match their preset."""
+        later = {"label_concepts": 0}
+        return {k: v for k, v in asdict(self).items() if k not in later or v != later[k]}
+
+    @property
+    def core_concepts(self) -> int:
+        """How many leading concepts the class rule reads (``label_concepts``, 0 = all K)."""
+        return self.label_concepts or self.num_concepts
 
     @property
     def num_classes(self) -> int:
@@ -129,14 +156,15 @@ def _orthogonal(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def class_patterns(config: ConceptWorldConfig) -> np.ndarray:
-    """Deterministic class patterns ``P[C, K]`` (0/1) with a designed similarity structure.
+    """Deterministic class patterns ``P[C, Kc]`` (0/1) over the ``Kc = core_concepts`` concepts
+    the class rule reads, with a designed similarity structure.
 
     Anchors are drawn with pairwise Hamming distance ≥ K/3; near class j copies anchor
     ``j mod A`` and flips 1 or 2 concepts (alternating); extra similar classes do the same to
     random existing classes; extra dissimilar classes are at distance ≥ 4 from every class.
-    All patterns are distinct.
+    All patterns are distinct. They depend on Kc, never on the concepts beyond it.
     """
-    k = config.num_concepts
+    k = config.core_concepts
     rng = np.random.default_rng([config.structure_seed, 7])
     patterns: list[np.ndarray] = []
 
@@ -171,12 +199,12 @@ def class_patterns(config: ConceptWorldConfig) -> np.ndarray:
 
 
 def label_of(concepts: jax.Array, patterns: jax.Array) -> jax.Array:
-    """Nearest class pattern in Hamming distance: ``bool[..., K], P[C, K] -> int32[...]``.
+    """Nearest class pattern in Hamming distance: ``bool[..., K], P[C, Kc] -> int32[...]``.
 
-    ``argmax_k Σ_i (2b_i − 1)(2p_ki − 1) − 10⁻³ k`` equals ``argmin_k d_H(b, p_k)`` with ties
-    going to the lower class index.
+    ``argmax_k Σ_{i<Kc} (2b_i − 1)(2p_ki − 1) − 10⁻³ k`` equals ``argmin_k d_H(b_{:Kc}, p_k)``
+    with ties going to the lower class index; concepts ``i ≥ Kc`` do not matter.
     """
-    signs = 2.0 * concepts.astype(jnp.float32) - 1.0
+    signs = 2.0 * concepts[..., : patterns.shape[-1]].astype(jnp.float32) - 1.0
     score = signs @ (2.0 * patterns.astype(jnp.float32) - 1.0).T
     score = score - 1e-3 * jnp.arange(patterns.shape[0], dtype=jnp.float32)
     return jnp.argmax(score, axis=-1).astype(jnp.int32)

@@ -26,12 +26,12 @@ class CellResult:
 
     Attributes:
       name: directory name (the sweep's cell name).
-      kind: ``certify``, ``perturb`` or ``attack`` (read from ``run.json``).
+      kind: ``certify``, ``perturb``, ``attack`` or ``classes`` (read from ``run.json``).
       run: the parsed ``run.json``; summary: the parsed ``summary.json``.
     """
 
     name: str
-    kind: Literal["certify", "perturb", "attack"]
+    kind: Literal["certify", "perturb", "attack", "classes"]
     run: dict[str, Any]
     summary: dict[str, Any]
 
@@ -40,6 +40,8 @@ def cell_kind(run: dict[str, Any]) -> str:
     """Which runner wrote a ``run.json``: perturb pins ``settings``, the others a ``job``."""
     if "settings" in run:
         return "perturb"
+    if "classes" in run:
+        return "classes"
     job = run.get("job", {})
     if "noise" in job:
         return "certify"

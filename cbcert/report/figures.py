@@ -261,6 +261,10 @@ def write_figures(cells: Sequence[CellResult], out: Path,
     plans.append(("robustness_gap.png", lambda p: figure_gap_heatmap(cells, p)))
     if any(c.kind == "attack" for c in cells):
         plans.append(("attacks.png", lambda p: figure_attacks(cells, p)))
+    for cell in cells:
+        if cell.kind == "classes":
+            plans.append(("class_distances.png",
+                          lambda p, c=cell: figure_class_distances(c.summary, p)))
     if not perturbs:
         log("note: no perturb cell; skipped pfr_vs_eps, pfr_vs_tau and cfr_dfs_vs_pfr")
     written = []

@@ -1,4 +1,5 @@
-"""Report tables: certification, empirical flip rates with paired tests, attacks (CSV + Markdown).
+"""Report tables: certification, empirical flip rates with paired tests, attacks, class
+distances (CSV + Markdown).
 
 CSV cells hold the summary's numbers at full precision (``repr`` of the float); Markdown rounds
 to 4 significant digits and shows ``mean ± sd`` pairs in one column.
@@ -223,10 +224,30 @@ def attack_tables(cells: Sequence[CellResult]) -> list[Table]:
                   tuple(rows))]
 
 
+def classes_tables(cells: Sequence[CellResult]) -> list[Table]:
+    """The class-distance matrix of a ``classes`` cell (one row per class)."""
+    cell = next((c for c in cells if c.kind == "classes"), None)
+    if cell is None:
+        return []
+    s = cell.summary
+    rows = tuple((name, count, s["nearest"][name]["class"], s["nearest"][name]["distance"],
+                  *row) for name, count, row in zip(s["class_names"], s["counts"],
+                                                    s["distances"], strict=True))
+    return [Table("classes", f"Class-centroid distances in f_std's feature space ({s['samples']} "
+                  f"samples, {s['labels']} labels; mean off-diagonal "
+                  f"{_num(s['mean_off_diagonal'])})",
+                  ("class", "count", "nearest", "nearest_distance", *s["class_names"]), rows)]
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
 def _count(cells: Sequence[CellResult], kind: str) -> int:
     return sum(c.kind == kind for c in cells)
 
 
 def tables(cells: Sequence[CellResult]) -> list[Table]:
     """All tables of a run, in report order."""
-    return [*certification_tables(cells), *perturb_tables(cells), *attack_tables(cells)]
+    return [*certification_tables(cells), *perturb_tables(cells), *attack_tables(cells),
+            *classes_tables(cells)]

@@ -13,8 +13,13 @@ separate from sampling) and writes into ``<run>/report/``:
 * ``report.md`` with every table, and the figures (matplotlib, Agg): PFR vs ε and vs τ, certified
   accuracy vs radius per certification cell, SmAcc and ACR vs σ and vs ρ, the std-vs-cbm
   robustness-gap heatmap (positive = CBM more robust), CFR / DFS vs PFR, PFR vs σ and ρ (perturb
-  smoothing budgets) and the attack bars (vanilla / smoothed × latent / concept). A figure whose
-  data are absent is skipped with a note.
+  smoothing budgets), the attack bars (vanilla / smoothed × latent / concept) and the class-
+  centroid distance heatmap (``classes.csv``, ``class_distances.png``). A figure whose data
+  are absent is skipped with a note.
+
+A multi-world sweep (its manifest lists ``worlds``) gets every world's own report in
+``<run>/<world>/report/`` and the cross-world tables and figures (`cbcert.report.worlds`) in
+``<run>/report/``, whose ``report.md`` links the per-world ones.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 from cbcert.report.cells import MANIFEST, ReportError, find_cells
 from cbcert.report.figures import write_figures
 from cbcert.report.tables import tables
+from cbcert.report.worlds import cross_world_figures, cross_world_tables, world_cells
 from cbcert.runs.directory import read_json
 
 REPORT_DIR = "report"
@@ -36,10 +42,22 @@ def _header(run_dir: Path) -> str:
     if path.is_file():
         m = read_json(path)
         versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
-        lines += [f"Config `{m['config']['name']}`, world `{m.get('world')}`, "
+        world = m.get("world")
+        if isinstance(world, dict):
+            world = ", ".join(f"{k} = {v}" for k, v in world.items())
+        lines += [f"Config `{m['config']['name']}`, world `{world}`, "
                   f"seed {m.get('seed')}, git `{m.get('git_revision')}`; {versions}; "
                   f"devices {m.get('devices')}.", ""]
     return "\n".join(lines)
+
+
+def _world_entries(run_dir: Path) -> list[dict] | None:
+    """The ``worlds`` of a multi-world sweep's manifest, else None."""
+    path = run_dir / MANIFEST
+    if not path.is_file():
+        return None
+    manifest = read_json(path)
+    return manifest.get("worlds") if isinstance(manifest, dict) else None
 
 
 def write_report(run_dir: str | Path, log: Callable[[str], None] = print) -> list[Path]:
@@ -48,21 +66,49 @@ def write_report(run_dir: str | Path, log: Callable[[str], None] = print) -> lis
     Returns the written paths. Raises ReportError if ``run_dir`` holds no finished cell.
     """
     run_dir = Path(run_dir)
+    entries = _world_entries(run_dir)
+    if entries:
+        return _write_worlds_report(run_dir, entries, log)
     cells = find_cells(run_dir, log)
+    all_tables = tables(cells)
+    return _write(run_dir, all_tables, write_figures(cells, _out(run_dir), log), [])
+
+
+def _out(run_dir: Path) -> Path:
     out = run_dir / REPORT_DIR
     out.mkdir(exist_ok=True)
+    return out
+
+
+def _write(run_dir: Path, all_tables, figures: list[Path], links: list[str]) -> list[Path]:
+    """The tables as CSV, and ``report.md`` with ``links``, every table and the figures."""
+    out = _out(run_dir)
     written = []
-    all_tables = tables(cells)
     for table in all_tables:
         path = out / f"{table.name}.csv"
         path.write_text(table.to_csv())
         written.append(path)
-    figures = write_figures(cells, out, log)
-    markdown = [_header(run_dir), *(t.to_markdown() for t in all_tables), "## Figures", ""]
+    markdown = [_header(run_dir), *links, *(t.to_markdown() for t in all_tables), "## Figures",
+                ""]
     markdown += [f"![{f.stem}]({f.name})" for f in figures]
     path = out / "report.md"
     path.write_text("\n".join(markdown) + "\n")
     return [*written, *figures, path]
+
+
+def _write_worlds_report(run_dir: Path, entries: list[dict],
+                         log: Callable[[str], None]) -> list[Path]:
+    """Per-world reports, then the cross-world tables and figures (`cbcert.report.worlds`)."""
+    worlds = world_cells(run_dir, entries, log)
+    written = []
+    links = ["## Worlds", ""]
+    for name, family, _ in worlds:
+        written += write_report(run_dir / name, log=lambda _: None)
+        links.append(f"- [{name}](../{name}/{REPORT_DIR}/report.md)"
+                     + (f" — {family}" if family else ""))
+    links.append("")
+    figures = cross_world_figures(worlds, _out(run_dir), log)
+    return written + _write(run_dir, cross_world_tables(worlds), figures, links)
 
 
 __all__ = ["REPORT_DIR", "ReportError", "write_report"]

@@ -6,12 +6,18 @@ prediction otherwise, embeds the generated images with the standard classifier's
 features (``World.embed``, memory-bounded through the engine) and reduces them to class
 centroids and their pairwise L2 distances (`cbcert.robustness.classes`). A pixels world uses
 its images and labels instead of generated ones.
+
+`run` is the sweep's ``classes`` cell: the same measurement written as ``run.json`` (the job
+and world) and ``summary.json`` (the `class_distances` dict), so reports read it like any
+other cell; a finished cell is not recomputed.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
@@ -19,6 +25,16 @@ import numpy as np
 
 from cbcert.engine.sampler import map_inputs
 from cbcert.robustness import classes
+from cbcert.runs.directory import (
+    SUMMARY,
+    check_writable,
+    finite_or_none,
+    open_run_dir,
+    read_json,
+    world_pin,
+    write_json,
+)
+from cbcert.runs.lock import hold
 from cbcert.runs.pool import pool_latents
 from cbcert.schema import ConfigError, validate
 
@@ -75,11 +91,47 @@ def class_distances(world, *, samples: int, seed: int, chunk_size: int | None = 
         "class_names": names, "counts": counts.tolist(),
         "distances": [[None if not np.isfinite(v) else float(v) for v in row]
                       for row in distances],
-        "mean_off_diagonal": classes.mean_off_diagonal(distances),
+        "mean_off_diagonal": finite_or_none(classes.mean_off_diagonal(distances)),
         "nearest": {names[c]: {"class": names[j] if j >= 0 else None,
                                "distance": d if np.isfinite(d) else None}
                     for c, (j, d) in enumerate(classes.nearest_classes(distances))},
     }
 
 
-__all__ = ["class_distances"]
+@dataclass(frozen=True)
+class ClassesJob:
+    """Settings of a ``classes`` cell: pool latents measured and the pool's root seed."""
+
+    samples: int = 400
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        validate("samples", self.samples, key="samples")
+        validate("seed", self.seed, key="seed")
+
+
+def run(world, job: ClassesJob, out: str | Path, *,
+        progress: Callable[[int, int], None] | None = None, chunk_size: int | None = None,
+        max_memory: int | None = None) -> dict[str, Any]:
+    """Measure `class_distances` of ``world`` into ``out`` (``run.json`` pins ``classes``:
+    the job, and the world); returns the summary. A finished directory is read, not redone.
+
+    Raises:
+      RunMismatchError: ``out`` holds a run with other settings or another world.
+    """
+    out = Path(out)
+    check_writable(out)
+    with hold(out):
+        open_run_dir(out, world_pin({"classes": asdict(job), "world": world.name}, world))
+        if (out / SUMMARY).is_file():
+            summary = read_json(out / SUMMARY)
+        else:
+            summary = class_distances(world, samples=job.samples, seed=job.seed,
+                                      chunk_size=chunk_size, max_memory=max_memory)
+            write_json(out / SUMMARY, summary)
+        if progress:
+            progress(1, 1)
+        return summary
+
+
+__all__ = ["ClassesJob", "class_distances", "run"]

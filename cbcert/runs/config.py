@@ -11,11 +11,24 @@ SPEC §3–§5. Named presets work like flax gemma's ``TransformerConfig.from_ve
     world: {seed: 0, num_inputs: 1000}
     latent: {sigmas: [0.12, 0.25, 0.5], alpha: 0.001}
 
+Several worlds (``worlds:``, a list) make a multi-world experiment: every world runs the same
+cells, each world entry naming a preset or a world directory and optionally overriding the
+``world`` keys and any section for that world alone (`WorldEntry`)::
+
+    world: {seed: 0, num_inputs: 400}
+    worlds:
+      - default
+      - {preset: similar5, family: class similarity}
+      - {preset: k8, family: vocabulary, perturb: {tau: [1, 2, 5, 7]}}
+
 Every section validates itself on construction (types, ranges, ``n0 <= n``), so a config that
 exists is valid. The same range rules are exposed to the CLI through `validate` and
 `validate_sample_sizes`, so a flag and a YAML key can never disagree about what is allowed.
 Errors are `ConfigError` (a ``ValueError``) naming the file, section, key, value and the
 allowed values.
+
+Size: over the module budget by the world-entry parsing, which belongs with the sections it
+merges.
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -208,6 +221,14 @@ class AttackConfig(_LaterKeys, Section):
                               detail=detail)
 
 
+@dataclass(frozen=True)
+class ClassesConfig(Section):
+    """Class similarity (``certify world classes``): class-centroid distances of f_std's
+    features over ``samples`` pool latents (a ``classes`` cell of a sweep)."""
+
+    samples: int = field(default=400, metadata=rule("samples"))
+
+
 _SECTIONS: Mapping[str, type[Section]] = types.MappingProxyType(
     {
         "world": WorldConfig,
@@ -215,8 +236,36 @@ _SECTIONS: Mapping[str, type[Section]] = types.MappingProxyType(
         "concept": ConceptConfig,
         "perturb": PerturbConfig,
         "attack": AttackConfig,
+        "classes": ClassesConfig,
     }
 )
+# Sections written to manifests only when they differ from their defaults (added later).
+_LATER_SECTIONS = ("classes",)
+_ENTRY_KEYS = ("name", "family", "preset", "seed", "num_inputs")
+
+
+@dataclass(frozen=True)
+class WorldEntry:
+    """One world of a multi-world experiment.
+
+    Attributes:
+      name: its directory under the sweep (default: the preset, or the world directory's
+        name); unique within the experiment.
+      family: the group it is compared within in cross-world figures (e.g. ``class
+        similarity``, ``vocabulary``); default ``""`` (one family).
+      config: the whole single-world experiment it runs (the file's sections with this
+        entry's overrides; its ``world.preset`` is the preset or directory).
+    """
+
+    name: str
+    family: str
+    config: ExperimentConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        """``name``, ``family`` and every resolved section (what a manifest pins)."""
+        sections = self.config.to_dict()
+        sections.pop("name")
+        return {"name": self.name, "family": self.family, **sections}
 
 
 @dataclass(frozen=True)
@@ -229,6 +278,8 @@ class ExperimentConfig:
     concept: ConceptConfig = ConceptConfig()
     perturb: PerturbConfig = PerturbConfig()
     attack: AttackConfig | tuple[AttackConfig, ...] = AttackConfig()
+    classes: ClassesConfig = ClassesConfig()
+    worlds: tuple[WorldEntry, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -246,11 +297,18 @@ class ExperimentConfig:
                     f"section '{section}': expected {cls.__name__}, "
                     f"got {type(getattr(self, section)).__name__}"
                 )
+        if not (isinstance(self.worlds, tuple)
+                and all(isinstance(w, WorldEntry) for w in self.worlds)):
+            raise ConfigError("key 'worlds': expected a tuple of WorldEntry")
 
     @property
     def attacks(self) -> tuple[AttackConfig, ...]:
         """Every attack section (one, or the list the file gives)."""
         return self.attack if isinstance(self.attack, tuple) else (self.attack,)
+
+    def for_world(self, entry: WorldEntry) -> ExperimentConfig:
+        """The single-world experiment of one of ``worlds`` (the sweep's name kept)."""
+        return replace(entry.config, name=self.name)
 
     def check_sections(self, sections: tuple[str, ...]) -> None:
         """Checks across sections, for the sections a sweep runs only.
@@ -285,7 +343,7 @@ class ExperimentConfig:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}")
-        allowed = ["preset", "name", *_SECTIONS]
+        allowed = ["preset", "name", *_SECTIONS, "worlds"]
         for key in data:
             if key not in allowed:
                 raise ConfigError(f"unknown section {short_repr(key)} "
@@ -306,16 +364,77 @@ class ExperimentConfig:
                 defaults = base.attacks[0]
             merged = {**defaults.to_dict(), **_mapping(overrides, section)}
             sections[section] = section_cls.from_dict(merged, section=section)
-        return cls(name=data.get("name", base.name), **sections)
+        worlds = _world_entries(data) if "worlds" in data else ()
+        return cls(name=data.get("name", base.name), worlds=worlds, **sections)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict for the run manifest; ``from_dict(to_dict())`` round-trips (one
-        attack section is a mapping, as before several were allowed; several are a list)."""
+        attack section is a mapping, as before several were allowed; several are a list;
+        ``classes`` at its default and an empty ``worlds`` are left out, as before they
+        existed)."""
         out = {"name": self.name, **{s: getattr(self, s).to_dict() for s in _SECTIONS
-                                     if s != "attack"}}
+                                     if s != "attack" and s not in _LATER_SECTIONS}}
         attacks = [a.to_dict() for a in self.attacks]
         out["attack"] = attacks[0] if len(attacks) == 1 else attacks
+        for section in _LATER_SECTIONS:
+            if getattr(self, section) != _SECTIONS[section]():
+                out[section] = getattr(self, section).to_dict()
+        if self.worlds:
+            out["worlds"] = [w.to_dict() for w in self.worlds]
         return out
+
+
+def _world_entries(data: Mapping[str, Any]) -> tuple[WorldEntry, ...]:
+    """The ``worlds:`` list of a config file: each entry a preset / world directory string or
+    a mapping of ``name``, ``family``, world keys (``preset``, ``seed``, ``num_inputs`` or a
+    ``world:`` mapping) and section overrides, merged over the file's sections."""
+    items = data["worlds"]
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"key 'worlds': expected a non-empty list of presets, world "
+                          f"directories or mappings, got {short_repr(items)}", key="worlds",
+                          value=items)
+    base = {k: v for k, v in data.items() if k != "worlds"}
+    entries: list[WorldEntry] = []
+    for i, item in enumerate(items):
+        where = f"worlds[{i}]"
+        if isinstance(item, str):
+            item = {"preset": item}
+        item = dict(_mapping(item, where))
+        unknown = [k for k in item if k not in (*_ENTRY_KEYS, *_SECTIONS)]
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {short_repr(unknown[0])} (allowed: "
+                              f"{', '.join((*_ENTRY_KEYS, *_SECTIONS))})")
+        world = {**_mapping(base.get("world", {}), "world"),
+                 **_mapping(item.pop("world", {}), f"{where}.world"),
+                 **{k: item.pop(k) for k in ("preset", "seed", "num_inputs") if k in item}}
+        if not isinstance(world.get("preset"), str) or not world["preset"]:
+            raise ConfigError(f"{where}: no world; give a preset name or a world directory "
+                              "(e.g. '- similar5' or '- {preset: worlds/mine}')")
+        name = item.pop("name", None) or Path(world["preset"]).name
+        family = item.pop("family", "")
+        if not isinstance(family, str):
+            raise ConfigError(f"{where}, key 'family': expected a string, got "
+                              f"{short_repr(family)}")
+        if (not isinstance(name, str) or not _CELL_NAME.fullmatch(name)
+                or name in ("report", "manifest.json")):
+            raise ConfigError(f"{where}, key 'name': got {short_repr(name)}; a directory name "
+                              "of letters, digits, '.', '_', '-' (at most 100, not 'report')")
+        if name in {e.name for e in entries}:
+            raise ConfigError(f"{where}: world name {name!r} is already taken by another "
+                              "entry; give this one a distinct 'name'")
+        merged = {**base, "world": world}
+        for section, overrides in item.items():
+            if section == "attack" or isinstance(overrides, list):
+                merged[section] = overrides
+            else:
+                merged[section] = {**_mapping(base.get(section, {}), section),
+                                   **_mapping(overrides, f"{where}.{section}")}
+        try:
+            config = ExperimentConfig.from_dict(merged)
+        except ConfigError as error:
+            raise ConfigError(f"{where} ({name}): {error}") from None
+        entries.append(WorldEntry(name, family, config))
+    return tuple(entries)
 
 
 def _attack_list(items: list, defaults: AttackConfig) -> tuple[AttackConfig, ...]:

@@ -9,7 +9,14 @@ A config becomes a list of *cells*, each one run of an existing runner in its ow
 * ``perturb``: one `PerturbJob` with every ε and τ budget — ``perturb``;
 * ``attack``: one `AttackJob` per attack section (a config may list several) for its (space,
   smoothed) pair — ``attack-latent`` or ``attack-latent-smoothed-sigma0.25``
-  (``attack-concept-smoothed-rho0.2``), or the section's ``name``.
+  (``attack-concept-smoothed-rho0.2``), or the section's ``name``;
+* ``classes``: the class-centroid distances of f_std's features (`runs.classes`) — ``classes``.
+
+A multi-world config (``worlds:``) runs every world's cells into ``<out>/<world>/<cell>/``: cell
+names carry the world (``similar5/latent-sigma0.1``), each world directory gets the manifest
+of its own single-world experiment (so ``certify report <out>/<world>`` and a single-world
+rerun into it work), and ``<out>/manifest.json`` pins the whole experiment. Every world is
+loaded and checked before the first cell runs.
 
 Inputs: certification and perturbation cells use the first ``world.num_inputs`` inputs of the
 std/cbm agreement set drawn from ``world.seed``; the attack cell the first ``attack.inputs`` of
@@ -23,12 +30,12 @@ the summaries of an uninterrupted one. ``manifest.json`` (written before the fir
 the resolved config; a rerun with another config into the same directory is refused.
 
 Shards (``certify sweep --shard I/N``, for machines that share a filesystem but no JAX job):
-`assign_shards` deals the cells to N shards by their `cell_cost` (largest first, each to the
-least loaded shard), the same way on every machine. A shard runs only its cells, each under its
-own cell lock, and takes no lock on the sweep directory; the first shard to start writes
-``manifest.json`` (`write_json_once`), the others check theirs against it. So shards never write
-the same file, and the union of their cell directories is the unsplit sweep's. `sweep_status`
-lists every cell as done (``summary.json``), running (its lock is held) or missing.
+`runs.shards.assign_shards` deals the cells (of every world) to N shards by cost, the same way
+on every machine. A shard runs only its cells, each under its own cell lock, and takes no lock
+on the sweep directory; the first shard to start writes ``manifest.json`` (`write_json_once`),
+the others check theirs against it. So shards never write the same file, and the union of
+their cell directories is the unsplit sweep's. `sweep_status` lists every cell as done, running
+or missing.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,11 +53,10 @@ from cbcert.certify.schedule import SEQUENTIAL_KEYS
 from cbcert.certify.smoothing import of_space
 from cbcert.runs import attack as attack_runner
 from cbcert.runs import certify as certify_runner
+from cbcert.runs import classes as classes_runner
 from cbcert.runs import perturb as perturb_runner
 from cbcert.runs.config import ConfigError, ExperimentConfig
 from cbcert.runs.directory import (
-    LOCK,
-    SUMMARY,
     RecordsError,
     RunMismatchError,
     check_writable,
@@ -58,10 +64,20 @@ from cbcert.runs.directory import (
     read_json,
     write_json_once,
 )
-from cbcert.runs.lock import hold, lock_holder
+from cbcert.runs.lock import hold
+from cbcert.runs.shards import (
+    CellStatus,
+    assign_shards,
+    cell_cost,
+    check_shard,
+    shard_cells,
+    sweep_status,
+)
 from cbcert.schema import value_name
 
-SECTIONS = ("latent", "concept", "perturb", "attack")
+SECTIONS = ("latent", "concept", "perturb", "attack", "classes")
+# What a file naming no section sweeps (classes came later: old sweeps keep their cells).
+DEFAULT_SECTIONS = ("latent", "concept", "perturb", "attack")
 MANIFEST = "manifest.json"
 # The runners' default models; the agreement set itself needs std and cbm.
 EMPIRICAL_MODELS = ("std", "cbm", "proto")
@@ -72,36 +88,56 @@ class Cell:
     """One runner invocation of a sweep.
 
     Attributes:
-      name: directory name under the sweep's output directory.
-      kind: which runner: ``certify``, ``perturb`` or ``attack``.
-      job: the runner's settings (`CertifyJob`, `PerturbJob` or `AttackJob`).
+      name: directory under the sweep's output directory (``<world>/<cell>`` in a multi-world
+        sweep).
+      kind: which runner: ``certify``, ``perturb``, ``attack`` or ``classes``.
+      job: the runner's settings (`CertifyJob`, `PerturbJob`, `AttackJob`, `ClassesJob`).
+      world: the world entry's name in a multi-world sweep, else None.
     """
 
     name: str
-    kind: Literal["certify", "perturb", "attack"]
+    kind: Literal["certify", "perturb", "attack", "classes"]
     job: Any
+    world: str | None = None
 
 
 def sections_in_file(path: str | Path) -> tuple[str, ...]:
-    """Sections a YAML config asks to sweep: those it names, or all four if it names none.
+    """Sections a YAML config asks to sweep: those it names, or `DEFAULT_SECTIONS` if it names
+    none (a section named inside a ``worlds:`` entry counts too).
 
     A file with only a ``latent:`` section sweeps σ only, although the loaded config (filled
     from its preset) has every section.
     """
     data = yaml.safe_load(Path(path).read_bytes().decode("utf-8")) or {}
-    named = tuple(s for s in SECTIONS if isinstance(data, dict) and s in data)
-    return named or SECTIONS
+    if not isinstance(data, dict):
+        return DEFAULT_SECTIONS
+    entries = [w for w in data.get("worlds") or () if isinstance(w, dict)]
+    named = tuple(s for s in SECTIONS if s in data or any(s in w for w in entries))
+    return named or DEFAULT_SECTIONS
 
 
-def plan_cells(config: ExperimentConfig, sections: Sequence[str] = SECTIONS) -> tuple[Cell, ...]:
-    """The cells of a sweep, in run order (latent, concept, perturb, attack).
+def plan_cells(config: ExperimentConfig,
+               sections: Sequence[str] = DEFAULT_SECTIONS) -> tuple[Cell, ...]:
+    """The cells of a sweep, in run order (latent, concept, perturb, attack, classes); for a
+    multi-world config, every world's cells in the order of ``worlds``, named
+    ``<world>/<cell>``.
 
     Raises:
-      ConfigError: ``sections`` names something other than latent, concept, perturb, attack.
+      ConfigError: ``sections`` names something other than `SECTIONS`, or a section of a
+        world cannot run (named by world).
     """
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise ConfigError(f"sections {unknown}: allowed {', '.join(SECTIONS)}")
+    if config.worlds:
+        cells = []
+        for entry in config.worlds:
+            try:
+                own = plan_cells(config.for_world(entry), sections)
+            except ConfigError as error:
+                raise ConfigError(f"world {entry.name!r}: {error}") from None
+            cells += [replace(c, name=f"{entry.name}/{c.name}", world=entry.name) for c in own]
+        return tuple(cells)
     config.check_sections(tuple(sections))
     w = config.world
     cells: list[Cell] = []
@@ -141,6 +177,9 @@ def plan_cells(config: ExperimentConfig, sections: Sequence[str] = SECTIONS) -> 
                                   "'name'", key="name", value=cell.name)
             taken.add(cell.name)
             cells.append(cell)
+    if "classes" in sections:
+        job = classes_runner.ClassesJob(samples=config.classes.samples, seed=w.seed)
+        cells.append(Cell("classes", "classes", job))
     return tuple(cells)
 
 
@@ -175,7 +214,12 @@ def check_cells(cells: Sequence[Cell], world) -> None:
     an hour of earlier cells.
     """
     for cell in cells:
-        section = "attack" if cell.kind == "attack" else cell.name.split("-")[0]
+        if cell.kind == "classes":
+            if world.embed is None:
+                raise ConfigError(f"section 'classes': world {world.name} gives no classifier "
+                                  "features (World.embed); drop the section for it")
+            continue
+        section = "attack" if cell.kind == "attack" else cell.name.split("/")[-1].split("-")[0]
         try:
             world.check_models(cell.job.models)
         except ValueError as error:
@@ -200,7 +244,11 @@ def git_revision() -> str | None:
 
 
 def manifest(config: ExperimentConfig, cells: Sequence[Cell], world) -> dict[str, Any]:
-    """The run manifest: resolved config, cells, seed, world, versions, devices, git revision."""
+    """The run manifest: resolved config, cells, seed, world, versions, devices, git revision.
+
+    For a multi-world config ``world`` is ``{entry name: World}`` and the manifest's ``world``
+    maps each entry to its world's name; ``worlds`` lists the entries in order.
+    """
     import flax
     import jax
     import numpy as np
@@ -211,7 +259,10 @@ def manifest(config: ExperimentConfig, cells: Sequence[Cell], world) -> dict[str
         "config": config.to_dict(),
         "cells": [{"name": c.name, "kind": c.kind} for c in cells],
         "seed": config.world.seed,
-        "world": world.name,
+        "world": ({name: w.name for name, w in world.items()} if isinstance(world, dict)
+                  else world.name),
+        **({"worlds": [{"name": e.name, "family": e.family} for e in config.worlds]}
+           if config.worlds else {}),
         "versions": {"cbcert": cbcert.__version__, "jax": jax.__version__,
                      "flax": flax.__version__, "numpy": np.__version__},
         "devices": [str(d) for d in jax.devices()],
@@ -247,7 +298,7 @@ def run_sweep(
     config: ExperimentConfig,
     out: str | Path,
     *,
-    sections: Sequence[str] = SECTIONS,
+    sections: Sequence[str] = DEFAULT_SECTIONS,
     load_world: Callable[[str], Any],
     progress: Callable[[str], Callable[[int, int], None] | None] | None = None,
     on_cell: Callable[[Cell, Any], None] | None = None,
@@ -260,7 +311,8 @@ def run_sweep(
       out: sweep directory (gets ``manifest.json`` and one directory per cell).
       sections: which sections to sweep (`sections_in_file` for a YAML file).
       load_world: ``preset -> World``, e.g. `cbcert.worlds.builtin.load_builtin`; injected so that
-        tests can pass ``untrained_world``.
+        tests can pass ``untrained_world`` (called once per world of a multi-world config,
+        with its preset or directory).
       progress: ``cell name -> callback(done, total)`` (or None) for each cell's runner.
       on_cell: called with ``(cell, summary)`` after each cell finishes.
       shard: ``(i, n)``: run only the cells `assign_shards` gives shard i of n, without
@@ -279,17 +331,30 @@ def run_sweep(
     out = Path(out)
     cells = plan_cells(config, sections)
     mine = cells if shard is None else shard_cells(cells, *shard)
-    world = load_world(config.world.preset)
-    check_cells(cells, world)
+    entries = {e.name: config.for_world(e) for e in config.worlds}
+    if entries:
+        worlds = {name: load_world(c.world.preset) for name, c in entries.items()}
+        for name, world in worlds.items():
+            try:
+                check_cells([c for c in cells if c.world == name], world)
+            except ConfigError as error:
+                raise ConfigError(f"world {name!r}: {error}") from None
+    else:
+        worlds = {None: load_world(config.world.preset)}
+        check_cells(cells, worlds[None])
     check_writable(out)
     with hold(out) if shard is None else contextlib.nullcontext():
-        _write_manifest(out, manifest(config, cells, world))
+        _write_manifest(out, manifest(config, cells, worlds if entries else worlds[None]))
+        for name, own in entries.items():
+            own_cells = [replace(c, name=c.name.split("/", 1)[1], world=None)
+                         for c in cells if c.world == name]
+            _write_manifest(out / name, manifest(own, own_cells, worlds[name]))
         summaries = {}
         for cell in mine:
             callback = progress(cell.name) if progress else None
             run_cell = {"certify": certify_runner.run, "perturb": perturb_runner.run,
-                        "attack": attack_runner.run}[cell.kind]
-            summary = run_cell(world, cell.job, out / cell.name, progress=callback)
+                        "attack": attack_runner.run, "classes": classes_runner.run}[cell.kind]
+            summary = run_cell(worlds[cell.world], cell.job, out / cell.name, progress=callback)
             if cell.kind == "perturb":
                 summary = summary.summary
             summaries[cell.name] = summary
@@ -298,107 +363,9 @@ def run_sweep(
         return summaries
 
 
-def cell_cost(cell: Cell) -> float:
-    """Estimated work of a cell in network passes (generator + one classifier per model).
-
-    Certification: inputs × (n0 + n) noisy samples, each through the generator and the H
-    models (``(1 + H)`` passes). Perturbation: inputs × samples × budgets perturbed images plus
-    the clean ones, ``(1 + H)`` passes each. Attack: per input, model and ε, restarts × iters
-    APGD steps of a forward and backward pass (≈ 3 passes) through generator and model, times
-    ``eot`` when smoothed, plus PREDICT's n samples at the clean and adversarial points. Only
-    the ratios between cells matter (`assign_shards`).
-    """
-    job = cell.job
-    heads = len(job.models)
-    if cell.kind == "certify":
-        samples = job.n + (job.n0 if job.mode == "certify" else 0)
-        return float(job.num_inputs * samples * (1 + heads))
-    if cell.kind == "perturb":
-        images = job.num_inputs * (job.samples * len(job.budgets) + 2)
-        return float(images * (1 + heads))
-    steps = job.restarts * job.iters * 3 * 2 * (job.eot if job.smoothed else 1)
-    predict = 2 * job.n * 2 if job.smoothed else 2
-    return float(job.num_inputs * len(job.eps) * heads * (steps + predict))
-
-
-def check_shard(index: int, count: int) -> None:
-    """Raise `ConfigError` (key ``shard``) unless ``0 <= index < count``."""
-    if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
-        detail = f"got {index}/{count}; give I/N with N >= 1 and 0 <= I < N"
-        raise ConfigError(f"shard={index}/{count}: {detail}", key="shard",
-                          value=(index, count), detail=detail)
-
-
-def assign_shards(cells: Sequence[Cell], count: int) -> tuple[int, ...]:
-    """The shard of every cell: largest `cell_cost` first, each to the least loaded shard.
-
-    Deterministic (ties go to the earlier cell and the lower shard), so every machine computes
-    the same assignment from the same config; every cell gets exactly one shard, and no shard
-    exceeds the average load by more than the largest cell's cost (greedy LPT scheduling).
-    """
-    check_shard(0, count)
-    costs = [cell_cost(cell) for cell in cells]
-    loads = [0.0] * count
-    shards = [0] * len(cells)
-    for i in sorted(range(len(cells)), key=lambda i: (-costs[i], i)):
-        shards[i] = min(range(count), key=lambda s: (loads[s], s))
-        loads[shards[i]] += costs[i]
-    return tuple(shards)
-
-
-def shard_cells(cells: Sequence[Cell], index: int, count: int) -> tuple[Cell, ...]:
-    """The cells of shard ``index`` of ``count``, in plan order."""
-    check_shard(index, count)
-    return tuple(c for c, s in zip(cells, assign_shards(cells, count), strict=True) if s == index)
-
-
-@dataclass(frozen=True)
-class CellStatus:
-    """Where a cell of a sweep stands (`sweep_status`).
-
-    Attributes:
-      name: the cell's directory name.
-      state: ``done`` (its ``summary.json`` exists), ``running`` (a process holds its lock)
-        or ``missing`` (neither: not started, or interrupted).
-      detail: who runs it (host, pid, since), or how many records an interrupted cell has.
-      shard: its shard when the status was asked for N shards, else None.
-    """
-
-    name: str
-    state: Literal["done", "running", "missing"]
-    detail: str
-    shard: int | None = None
-
-
-def sweep_status(out: str | Path, cells: Sequence[Cell],
-                 shards: int | None = None) -> tuple[CellStatus, ...]:
-    """The state of every cell of a sweep in ``out``, read from its cell directories.
-
-    Reads only: ``summary.json``, the cell's lock (probed with `lock_holder`, so a lock file
-    left by a killed run counts as not held) and the number of JSONL record lines.
-    """
-    out = Path(out)
-    assigned = assign_shards(cells, shards) if shards else (None,) * len(cells)
-    result = []
-    for cell, shard in zip(cells, assigned, strict=True):
-        where = out / cell.name
-        holder = lock_holder(where, LOCK)
-        if holder is not None:
-            detail = ", ".join(f"{k} {holder[k]}" for k in ("host", "pid", "started")
-                               if k in holder) or str(holder.get("holder", "unknown holder"))
-            result.append(CellStatus(cell.name, "running", detail, shard))
-        elif (where / SUMMARY).is_file():
-            result.append(CellStatus(cell.name, "done", "", shard))
-        else:
-            lines = sum(path.read_bytes().count(b"\n") for path in where.glob("*.jsonl"))
-            detail = f"interrupted, {lines} records" if lines else (
-                "started, no records yet" if where.is_dir() else "not started")
-            result.append(CellStatus(cell.name, "missing", detail, shard))
-    return tuple(result)
-
-
 __all__ = [
-    "MANIFEST", "SECTIONS", "Cell", "CellStatus", "assign_shards", "cell_cost", "check_cells",
+    "DEFAULT_SECTIONS", "MANIFEST", "SECTIONS", "Cell", "CellStatus", "assign_shards",
+    "cell_cost", "check_cells",
     "check_shard", "git_revision", "manifest", "plan_cells", "run_sweep", "sections_in_file",
     "shard_cells", "sweep_status",
 ]

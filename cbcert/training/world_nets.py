@@ -108,23 +108,64 @@ def _batched(fn: Callable, x: jax.Array, batch: int = 512):
     return jnp.concatenate([fn(x[i : i + batch]) for i in range(0, x.shape[0], batch)])
 
 
-def train(world: ConceptWorld, config: TrainConfig, log: Callable[[str], None] = print):
-    """Train all world classifiers. Returns ``(net_config, graphdef, state, params, metrics)``."""
+# World fields the pretext task reads (phase 0 renders a 16-concept world with them; class
+# structure and the classifier's K play no part in it).
+PRETEXT_WORLD_FIELDS = ("latent_dim", "image_size", "frequency", "sharpness", "logit_scale",
+                        "structure_seed")
+# Training settings phase 0 reads.
+PRETEXT_TRAIN_FIELDS = ("seed", "batch", "pretrain_steps", "backbone_lr")
+
+
+def pretext_backbone(directory: str | Path, world_config, config: TrainConfig
+                     ) -> tuple[dict, dict]:
+    """The backbone of a trained world-classifiers checkpoint, for a world trained on the same
+    pretext task: phase 0 of `train` then need not run again.
+
+    Phase 0 pre-trains the backbone on the 16 attributes of a pretext world that depends only
+    on `PRETEXT_WORLD_FIELDS`, from an initialisation and batches that depend only on
+    `PRETEXT_TRAIN_FIELDS`; the later phases freeze it. So every variant preset trained with
+    the same settings gets the same backbone (as the method's variants share one ImageNet
+    backbone), and this checks exactly those fields before lending it.
+
+    Returns:
+      ``(backbone params, source)``; ``source`` (directory, its params sha256) goes into the
+      new checkpoint's metrics.
+    Raises:
+      ValueError (``CheckpointError``): not a world-classifiers checkpoint, or trained on
+        another pretext (the differing field named).
+    """
+    from cbcert.io.checkpoint import CheckpointError
+    from cbcert.io.registry import load_module
+
+    module, manifest = load_module(directory)
+    if manifest.get("kind") != "world-classifiers":
+        raise CheckpointError(f"{directory}: kind={manifest.get('kind')!r}, not "
+                              "'world-classifiers'")
+    theirs = {**manifest.get("world_config", {}),
+              **{f"train.{k}": v for k, v in
+                 manifest.get("metrics", {}).get("train_config", {}).items()}}
+    mine = {**asdict(world_config), **{f"train.{k}": v for k, v in asdict(config).items()}}
+    fields = [*PRETEXT_WORLD_FIELDS, *(f"train.{k}" for k in PRETEXT_TRAIN_FIELDS)]
+    for key in fields:
+        if theirs.get(key) != mine[key]:
+            raise CheckpointError(f"{directory}: its backbone was pre-trained with {key}="
+                                  f"{theirs.get(key)!r}, this run needs {mine[key]!r}; "
+                                  "train without a borrowed backbone")
+    if tuple(module.config.widths) != NetConfig().widths:
+        raise CheckpointError(f"{directory}: backbone widths {module.config.widths} differ")
+    backbone = nnx.to_pure_dict(nnx.state(module))["backbone"]
+    return backbone, {"directory": str(Path(directory).absolute()),
+                      "params_sha256": manifest.get("params_sha256")}
+
+
+def _pretrain(world: ConceptWorld, config: TrainConfig, graphdef, state, params, root, log):
+    """Phase 0: the backbone regresses the 16 attributes of the pretext world (±1 targets)."""
     wc = world.config
-    net_config = NetConfig(num_classes=wc.num_classes, num_concepts=wc.num_concepts)
-    root = jax.random.key(config.seed)
-    model = WorldClassifiers(net_config, rngs=nnx.Rngs(jax.random.fold_in(root, 0)))
-    graphdef, state, params = split_model(model)
-
-    def batch_data(key):
-        _, x, c, y = _data(world, key, config.batch)
-        return x, c, y
-
-    # 0. pretext pre-training: all 16 vocabulary attributes, read off a 16-concept world.
     log("phase 0/4: backbone pre-training on the 16-attribute pretext task")
     pretext = make_world(replace(wc, num_concepts=16, extra_similar=0, extra_dissimilar=0,
-                                 structure_seed=wc.structure_seed + 1000))
-    pretext_head = nnx.Linear(net_config.embed_dim, 16, rngs=nnx.Rngs(config.seed))
+                                 label_concepts=0, structure_seed=wc.structure_seed + 1000))
+    embed_dim = NetConfig(num_classes=wc.num_classes, num_concepts=wc.num_concepts).embed_dim
+    pretext_head = nnx.Linear(embed_dim, 16, rngs=nnx.Rngs(config.seed))
     head_params = nnx.to_pure_dict(nnx.split(pretext_head)[1])
 
     def pretext_loss(trainable, key):
@@ -140,7 +181,32 @@ def train(world: ConceptWorld, config: TrainConfig, log: Callable[[str], None] =
     trained = _fit(pretext_loss, {"backbone": params["backbone"], "head": head_params},
                    config.pretrain_steps, config.backbone_lr, jax.random.fold_in(root, 10), log,
                    "pretext")
-    params = {**params, "backbone": trained["backbone"]}
+    return {**params, "backbone": trained["backbone"]}
+
+
+def train(world: ConceptWorld, config: TrainConfig, log: Callable[[str], None] = print,
+          backbone: tuple[dict, dict] | None = None):
+    """Train all world classifiers. Returns ``(net_config, graphdef, state, params, metrics)``.
+
+    ``backbone``: `pretext_backbone`'s ``(params, source)`` to skip phase 0 (the pretext
+    pre-training); ``metrics["backbone_from"]`` then names the source.
+    """
+    wc = world.config
+    net_config = NetConfig(num_classes=wc.num_classes, num_concepts=wc.num_concepts)
+    root = jax.random.key(config.seed)
+    model = WorldClassifiers(net_config, rngs=nnx.Rngs(jax.random.fold_in(root, 0)))
+    graphdef, state, params = split_model(model)
+
+    def batch_data(key):
+        _, x, c, y = _data(world, key, config.batch)
+        return x, c, y
+
+    # 0. pretext pre-training: all 16 vocabulary attributes, read off a 16-concept world.
+    if backbone is not None:
+        log(f"phase 0/4: backbone from {backbone[1]['directory']} (same pretext task)")
+        params = {**params, "backbone": backbone[0]}
+    else:
+        params = _pretrain(world, config, graphdef, state, params, root, log)
 
     # 1-2. embeddings of a fixed training set under the frozen backbone; f_std's linear head.
     _, x_emb, c_emb, y_emb = _data(world, jax.random.fold_in(root, 2), config.embed_samples)
@@ -238,6 +304,8 @@ def train(world: ConceptWorld, config: TrainConfig, log: Callable[[str], None] =
     metrics = evaluate(world, graphdef, state, params, jax.random.fold_in(root, 9),
                        config.eval_samples)
     metrics["train_config"] = asdict(config)
+    if backbone is not None:
+        metrics["backbone_from"] = backbone[1]
     return net_config, graphdef, state, params, metrics
 
 
@@ -310,5 +378,5 @@ def save_trained(directory, world_config, result) -> Path:
     """
     _net_config, graphdef, state, params, metrics = result
     save_module(directory, "world-classifiers", merge(graphdef, state, params),
-                {"world_config": asdict(world_config), "metrics": metrics}, replace=True)
+                {"world_config": world_config.identity(), "metrics": metrics}, replace=True)
     return Path(directory).absolute()

@@ -138,7 +138,9 @@ def untrained_world(preset: str = "default", seed: int = 0) -> World:
     meaningless, shapes, determinism and speed are not. The standard head is standardised on
     256 generated images (zero-mean, unit-variance logits: a raw random head predicts one class
     almost everywhere), and the PCBM is set to reproduce it exactly (CAV k = column k of the
-    standard head, concept head = diag(‖V_k‖)), so std and cbm agree on the whole pool.
+    standard head, concept head = diag(‖V_k‖)), so std and cbm agree on the whole pool; a
+    world with more classes than concepts gets the best rank-K reproduction instead (CAVs and
+    head from the SVD of the standard head), so they agree on most inputs.
     """
     config = ConceptWorldConfig.from_preset(preset)
     model = WorldClassifiers(net_config_for(config), rngs=nnx.Rngs(seed))
@@ -154,12 +156,21 @@ def untrained_world(preset: str = "default", seed: int = 0) -> World:
     kernel = params["std_head"]["kernel"] * scale
     bias = (params["std_head"]["bias"] - jnp.mean(logits, axis=0)) * scale
     params["std_head"] = {"kernel": kernel, "bias": bias}  # [E, C], [C]
-    cav = params["pcbm"]["cav"].at[:c].set(kernel.T)
-    cav_bias = params["pcbm"]["cav_bias"].at[:c].set(bias)
-    head = jnp.zeros_like(params["pcbm"]["head"]["kernel"]).at[:c].set(
-        jnp.diag(jnp.linalg.norm(kernel, axis=0)))
+    k = config.num_concepts
+    if c <= k:
+        cav = params["pcbm"]["cav"].at[:c].set(kernel.T)
+        cav_bias = params["pcbm"]["cav_bias"].at[:c].set(bias)
+        head = jnp.zeros_like(params["pcbm"]["head"]["kernel"]).at[:c].set(
+            jnp.diag(jnp.linalg.norm(kernel, axis=0)))
+        head_bias = jnp.zeros((c,))
+    else:  # more classes than concepts: the best rank-K reproduction, kernel ≈ U S Vᵀ
+        u, sv, vt = jnp.linalg.svd(kernel, full_matrices=False)  # [E, C], [C], [C, C]
+        cav = (u[:, :k] * sv[:k]).T  # [K, E]; score_k = u_kᵀ e since ‖cav_k‖ = s_k
+        cav_bias = jnp.zeros((k,))
+        head = sv[:k, None] * vt[:k]  # [K, C]
+        head_bias = bias
     params["pcbm"] = {**params["pcbm"], "cav": cav, "cav_bias": cav_bias,
-                      "head": {"kernel": head, "bias": jnp.zeros((c,))}}
+                      "head": {"kernel": head, "bias": head_bias}}
     return _assemble(f"untrained:{preset}", world, graphdef, state, params, {"weights": None})
 
 
@@ -181,6 +192,5 @@ def _assemble(name: str, world, graphdef, state, params, metadata: dict) -> Worl
 
 
 def _config_dict(config) -> dict:
-    from dataclasses import asdict
-
-    return asdict(config)
+    """The world identity checked against a checkpoint's ``world_config``."""
+    return config.identity()

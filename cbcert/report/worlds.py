@@ -1,0 +1,354 @@
+"""Cross-world report of a multi-world sweep (``worlds:`` in the config).
+
+Reads every world directory's finished cells (`find_cells`) and writes, into ``<run>/report/``:
+
+* ``worlds_<table>.csv`` for every per-world table (certification, subsets and their tests,
+  perturb and its tests, attack, the classes' distance matrices): the rows of every world
+  under leading ``world`` and ``family`` columns (columns a world lacks are empty);
+* ``worlds_gap.csv`` and ``robustness_gap_worlds.png``: the std-vs-cbm gaps (`robustness_gaps`),
+  one row per world, one column per budget × metric — the method's headline heatmap;
+* ``pfr_worlds_<kind>.png``: PFR vs ε (τ, σ, ρ), a row of panels per world family, a panel per
+  model, a line per world;
+* ``radius_worlds.png``: ACR and the radius of correct inputs per certification cell, world and
+  model (std vs cbm vs proto);
+* ``delta_pfr_worlds.png``: ΔPFR = PFR_std − PFR_m at each world's largest ε, with the Holm-
+  corrected permutation p of the perturb tests;
+* ``class_distances_worlds.png`` and ``worlds_class_similarity.csv``: the class-centroid
+  distance heatmap of every world, and per world its mean and smallest centroid distance;
+* ``attacks_worlds.png``: robust accuracy at each attack cell's largest ε per world and model.
+
+A figure without data is skipped with a note; each world also gets its own report
+(``<run>/<world>/report/``), linked from ``report.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cbcert.report.cells import CellResult, ReportError, find_cells
+from cbcert.report.figures import _pyplot, _save, robustness_gaps
+from cbcert.report.tables import Table, _num, tables
+from cbcert.robustness.protocol import BUDGET_SYMBOLS
+
+# One world's cells: (entry name, family, cells).
+WorldCells = tuple[str, str, tuple[CellResult, ...]]
+_PFR_AXES = {"eps": "ε", "tau": "τ", "sigma": "σ", "rho": "ρ"}
+
+
+def world_cells(run_dir: Path, entries: Sequence[dict[str, Any]],
+                log: Callable[[str], None] = print) -> list[WorldCells]:
+    """The finished cells of every world entry (``{"name", "family"}`` from the manifest);
+    worlds with none yet are skipped with a note. Raises ReportError if no world has any."""
+    found = []
+    for entry in entries:
+        try:
+            cells = find_cells(run_dir / entry["name"], log)
+        except (ReportError, FileNotFoundError):
+            log(f"note: world {entry['name']} has no finished cell yet; left out")
+            continue
+        found.append((entry["name"], entry.get("family", ""), cells))
+    if not found:
+        raise ReportError(f"{run_dir}: no world of the manifest has a finished cell")
+    return found
+
+
+def cross_world_tables(worlds: Sequence[WorldCells]) -> list[Table]:
+    """Every per-world table stacked over worlds, the gap table and the class summary."""
+    stacked: dict[str, list[tuple[str, str, Table]]] = {}
+    for name, family, cells in worlds:
+        for table in tables(cells):
+            stacked.setdefault(table.name, []).append((name, family, table))
+    out = []
+    for table_name, parts in stacked.items():
+        columns = list(dict.fromkeys(c for _, _, t in parts for c in t.columns))
+        rows = []
+        for name, family, t in parts:
+            index = {c: i for i, c in enumerate(t.columns)}
+            rows += [(name, family, *(row[index[c]] if c in index else None for c in columns))
+                     for row in t.rows]
+        title = parts[0][2].title
+        if table_name.startswith("perturb"):  # drop the trailing "(<cell>)"
+            title = title.rsplit(" (", 1)[0]
+        out.append(Table(f"worlds_{table_name}", f"{title} — every world",
+                         ("world", "family", *columns), tuple(rows)))
+    gap = gap_table(worlds)
+    if gap is not None:
+        out.append(gap)
+    summary = [(name, family, len(c.summary["class_names"]), c.summary["samples"],
+                c.summary["mean_off_diagonal"], *_closest_pair(c.summary))
+               for name, family, cells in worlds for c in cells if c.kind == "classes"]
+    if summary:
+        out.append(Table("worlds_class_similarity", "Class similarity per world: mean and "
+                         "smallest class-centroid distance in f_std's feature space",
+                         ("world", "family", "classes", "samples", "mean_distance",
+                          "min_distance", "closest_pair"), tuple(summary)))
+    return out
+
+
+def _closest_pair(summary: dict[str, Any]) -> tuple[float | None, str | None]:
+    pairs = [(v["distance"], f"{name}–{v['class']}") for name, v in summary["nearest"].items()
+             if v["distance"] is not None]
+    return min(pairs) if pairs else (None, None)
+
+
+def gap_columns(worlds: Sequence[WorldCells]) -> tuple[list[str], np.ndarray]:
+    """``(columns, values[W, G])``: every world's `robustness_gaps` flattened to
+    ``"<metric> <budget>"`` columns (``ΔPFR ε=0.1``, ``ΔACR σ=0.25``, ``ΔRobAcc ε=0.03
+    attack-latent``; metric order, then first seen); NaN where a world lacks one. Signs as in
+    `robustness_gaps`: positive = CBM more robust."""
+    per_world = []
+    for _, _, cells in worlds:
+        rows, columns, values = robustness_gaps(cells)
+        per_world.append({_gap_label(c, r): v for r, row in zip(rows, values, strict=True)
+                          for c, v in zip(columns, row, strict=True) if not math.isnan(v)})
+    metrics = ("ΔPFR", "ΔSmAcc", "ΔACR", "ΔRobAcc")
+    seen = list(dict.fromkeys(k for gaps in per_world for k in gaps))
+    order = sorted(seen, key=lambda k: (next(i for i, m in enumerate(metrics)
+                                             if k.startswith(m)), seen.index(k)))
+    values = np.array([[gaps.get(k, math.nan) for k in order] for gaps in per_world],
+                      dtype=np.float64).reshape(len(worlds), len(order))
+    return order, values
+
+
+def _gap_label(metric: str, budget: str) -> str:
+    """``"ΔPFR (std−cbm)", "ε=0.1 (perturb)" -> "ΔPFR ε=0.1"``; an attack keeps its cell."""
+    budget = budget.replace(" (perturb)", "").replace(" (certify)", "").replace(" (", " ")
+    return f"{metric.split(' ')[0]} {budget.rstrip(')')}"
+
+
+def gap_table(worlds: Sequence[WorldCells]) -> Table | None:
+    """`gap_columns` as a table (one row per world)."""
+    columns, values = gap_columns(worlds)
+    if not columns:
+        return None
+    rows = tuple((name, family, *(None if math.isnan(v) else float(v) for v in row))
+                 for (name, family, _), row in zip(worlds, values, strict=True))
+    return Table("worlds_gap", "std vs cbm robustness gap per world (positive = CBM more "
+                 "robust)", ("world", "family", *columns), rows)
+
+
+def figure_gap_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
+    """Heatmap of `gap_columns`: a row per world, a column per budget × metric."""
+    columns, data = gap_columns(worlds)
+    if not columns:
+        return None
+    plt = _pyplot()
+    bound = max(float(np.nanmax(np.abs(data))), 1e-9)
+    fig, ax = plt.subplots(figsize=(2.5 + 0.55 * len(columns), 1.6 + 0.45 * len(worlds)))
+    image = ax.imshow(np.ma.masked_invalid(data), cmap="RdBu", vmin=-bound, vmax=bound,
+                      aspect="auto")
+    ax.set_xticks(range(len(columns)), columns, rotation=60, ha="right", fontsize=7)
+    ax.set_yticks(range(len(worlds)), [_world_label(w) for w in worlds], fontsize=8)
+    if len(columns) <= 30:
+        for (i, j), v in np.ndenumerate(data):
+            if not np.isnan(v):
+                ax.text(j, i, f"{v:+.2f}", ha="center", va="center", fontsize=6)
+    fig.colorbar(image, ax=ax, label="gap (positive = CBM more robust)")
+    ax.set_title("std vs cbm robustness gap across worlds")
+    return _save(fig, path)
+
+
+def _world_label(world: WorldCells) -> str:
+    name, family, _ = world
+    return f"{name} ({family})" if family else name
+
+
+def _perturb(cells: Sequence[CellResult]) -> CellResult | None:
+    return next((c for c in cells if c.kind == "perturb"), None)
+
+
+def figure_pfr_worlds(worlds: Sequence[WorldCells], kind: str, path: Path) -> Path | None:
+    """PFR (mean over subsets) vs the budgets of ``kind``: a row per family, a panel per
+    model, a line per world."""
+    curves: dict[str, list[tuple[str, dict[str, tuple[list, list]]]]] = {}
+    models: list[str] = []
+    for name, family, cells in worlds:
+        cell = _perturb(cells)
+        budgets = [b for b in cell.summary["budgets"] if b["kind"] == kind] if cell else []
+        if not budgets:
+            continue
+        ms = cell.summary["settings"]["models"]
+        models += [m for m in ms if m not in models]
+        curves.setdefault(family, []).append(
+            (name, {m: ([b["value"] for b in budgets], [b["pfr"][m]["mean"] for b in budgets])
+                    for m in ms}))
+    if not curves:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(curves), len(models), figsize=(3.3 * len(models),
+                                                               2.8 * len(curves)),
+                             squeeze=False, sharey=True)
+    for row, (family, lines) in zip(axes, curves.items(), strict=True):
+        for ax, model in zip(row, models, strict=True):
+            for name, by_model in lines:
+                if model in by_model:
+                    ax.plot(*by_model[model], marker="o", label=name)
+            ax.set(xlabel=_PFR_AXES[kind], title=f"{model}" + (f" — {family}" if family else ""))
+        row[0].set_ylabel("PFR")
+        row[0].legend(fontsize=7)
+    fig.suptitle(f"Prediction flip rate vs {BUDGET_SYMBOLS[kind]} across worlds")
+    return _save(fig, path)
+
+
+def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
+    """ACR (solid) and radius of correct inputs (hatched) per certification cell: groups of
+    bars per world, one bar per model."""
+    cell_names = list(dict.fromkeys(c.name for _, _, cells in worlds for c in cells
+                                    if c.kind == "certify" and c.summary["mode"] == "certify"))
+    if not cell_names:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(cell_names), figsize=(1.5 + 1.1 * len(worlds)
+                                                          * len(cell_names), 3.6), squeeze=False)
+    for ax, cell_name in zip(axes[0], cell_names, strict=True):
+        by_world = [(name, next((c for c in cells if c.name == cell_name), None))
+                    for name, _, cells in worlds]
+        models = list(dict.fromkeys(m for _, c in by_world if c for m in c.summary["models"]))
+        width = 0.8 / max(len(models), 1)
+        for j, model in enumerate(models):
+            xs, acr, correct = [], [], []
+            for i, (_, cell) in enumerate(by_world):
+                entry = cell.summary["models"].get(model) if cell else None
+                if entry is None:
+                    continue
+                xs.append(i + (j - (len(models) - 1) / 2) * width)
+                acr.append(entry.get("acr") or 0.0)
+                correct.append(entry.get("radius_of_correct") or 0.0)
+            ax.bar(xs, correct, width, color="none", edgecolor=f"C{j}", hatch="//")
+            ax.bar(xs, acr, width, color=f"C{j}", label=model)
+        ax.set_xticks(range(len(by_world)), [n for n, _ in by_world], rotation=30, ha="right",
+                      fontsize=8)
+        ax.set(title=cell_name, ylabel="certified radius")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("ACR (bars) and radius of correct inputs (hatched) per world and model")
+    return _save(fig, path)
+
+
+def figure_delta_pfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
+    """ΔPFR = PFR_std − PFR_m (mean ± sd over subsets) at each world's largest ε, one bar per
+    world and comparison; Holm-corrected p above each bar."""
+    entries = []
+    for name, _, cells in worlds:
+        cell = _perturb(cells)
+        eps = [b for b in cell.summary["budgets"] if b["kind"] == "eps"] if cell else []
+        if eps:
+            top = max(eps, key=lambda b: b["value"])
+            entries.append((name, top["value"], [c for c in top["comparisons"]
+                                                 if c["model_a"] == "std"]))
+    if not entries:
+        return None
+    pairs = list(dict.fromkeys(c["model_b"] for _, _, cs in entries for c in cs))
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(2 + 1.2 * len(entries) * max(len(pairs), 1) / 2, 3.6))
+    width = 0.8 / max(len(pairs), 1)
+    for j, other in enumerate(pairs):
+        for i, (_, _, comparisons) in enumerate(entries):
+            c = next((c for c in comparisons if c["model_b"] == other), None)
+            if c is None:
+                continue
+            x = i + (j - (len(pairs) - 1) / 2) * width
+            ax.bar(x, c["delta"]["mean"], width, yerr=c["delta"]["sd"], capsize=3,
+                   color=f"C{j}", label=f"std − {other}" if i == 0 else None)
+            ax.annotate(f"p={c['p_holm']:.2g}", (x, c["delta"]["mean"]), fontsize=6,
+                        ha="center", va="bottom" if c["delta"]["mean"] >= 0 else "top")
+    ax.axhline(0, color="0.3", linewidth=0.8)
+    ax.set_xticks(range(len(entries)), [f"{n}\nε={e:g}" for n, e, _ in entries], fontsize=8)
+    ax.set(ylabel="ΔPFR", title="ΔPFR at the largest ε (positive = other model flips less)")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def figure_class_distances_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
+    """One class-centroid distance heatmap per world (shared colour scale)."""
+    results = [(name, c.summary) for name, _, cells in worlds for c in cells
+               if c.kind == "classes"]
+    if not results:
+        return None
+    matrices = [np.array([[np.nan if v is None else v for v in row] for row in s["distances"]])
+                for _, s in results]
+    top = max((float(np.nanmax(m)) for m in matrices if np.isfinite(m).any()), default=1.0)
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(results), figsize=(0.6 + 3.4 * len(results), 3.6),
+                             squeeze=False)
+    for ax, (name, s), m in zip(axes[0], results, matrices, strict=True):
+        image = ax.imshow(m, cmap="viridis", vmin=0, vmax=top)
+        ticks = range(len(s["class_names"]))
+        ax.set_xticks(ticks, [str(i) for i in ticks], fontsize=6)
+        ax.set_yticks(ticks, [str(i) for i in ticks], fontsize=6)
+        ax.set_title(f"{name}: mean {_num(s['mean_off_diagonal'])}", fontsize=9)
+    fig.colorbar(image, ax=axes[0].tolist(), label="‖μ_c − μ_c'‖₂")
+    fig.suptitle("Class-centroid distances in f_std's feature space (class index on the axes)")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def figure_attacks_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
+    """Robust accuracy at each attack cell's largest ε: a panel per attack cell, bars per world
+    and model, clean accuracy hatched behind."""
+    cell_names = list(dict.fromkeys(c.name for _, _, cells in worlds for c in cells
+                                    if c.kind == "attack"))
+    if not cell_names:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(cell_names), figsize=(1.5 + 1.1 * len(worlds)
+                                                          * len(cell_names), 3.6),
+                             squeeze=False, sharey=True)
+    for ax, cell_name in zip(axes[0], cell_names, strict=True):
+        by_world = [(name, next((c for c in cells if c.name == cell_name), None))
+                    for name, _, cells in worlds]
+        models = list(dict.fromkeys(m for _, c in by_world if c for m in c.summary["models"]))
+        width = 0.8 / max(len(models), 1)
+        top_eps = None
+        for j, model in enumerate(models):
+            xs, robust, clean = [], [], []
+            for i, (_, cell) in enumerate(by_world):
+                entry = cell.summary["models"].get(model) if cell else None
+                if entry is None or not entry["budgets"]:
+                    continue
+                budget = max(entry["budgets"], key=lambda b: b["eps"])
+                top_eps = budget["eps"]
+                xs.append(i + (j - (len(models) - 1) / 2) * width)
+                robust.append(budget["robust_accuracy"])
+                clean.append(entry["clean_accuracy"])
+            ax.bar(xs, clean, width, color="none", edgecolor="0.6", hatch="//")
+            ax.bar(xs, robust, width, color=f"C{j}", label=model)
+        ax.set_xticks(range(len(by_world)), [n for n, _ in by_world], rotation=30, ha="right",
+                      fontsize=8)
+        ax.set(ylim=(0, 1), title=f"{cell_name}, ε={top_eps:g}" if top_eps is not None
+               else cell_name)
+    axes[0][0].set_ylabel("robust accuracy")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("APGD across worlds: robust (bars) and clean (hatched) accuracy")
+    return _save(fig, path)
+
+
+def cross_world_figures(worlds: Sequence[WorldCells], out: Path,
+                        log: Callable[[str], None] = print) -> list[Path]:
+    """Every cross-world figure the worlds have data for; notes for the skipped ones."""
+    plans: list[tuple[str, Callable[[Path], Path | None]]] = [
+        ("robustness_gap_worlds.png", lambda p: figure_gap_worlds(worlds, p)),
+        *((f"pfr_worlds_{k}.png", lambda p, k=k: figure_pfr_worlds(worlds, k, p))
+          for k in ("eps", "tau", "sigma", "rho")),
+        ("radius_worlds.png", lambda p: figure_radius_worlds(worlds, p)),
+        ("delta_pfr_worlds.png", lambda p: figure_delta_pfr_worlds(worlds, p)),
+        ("class_distances_worlds.png", lambda p: figure_class_distances_worlds(worlds, p)),
+        ("attacks_worlds.png", lambda p: figure_attacks_worlds(worlds, p)),
+    ]
+    written = []
+    for name, draw in plans:
+        path = draw(out / name)
+        if path is None:
+            log(f"note: skipped {name} (no world has data for it)")
+        else:
+            written.append(path)
+    return written
+
+
+__all__ = ["cross_world_figures", "cross_world_tables", "gap_columns",
+           "gap_table", "world_cells"]

@@ -1,0 +1,124 @@
+"""Shards and status of a sweep: cell costs, the deterministic shard assignment, cell states.
+
+Shards (``certify sweep --shard I/N``, for machines that share a filesystem but no JAX job):
+`assign_shards` deals the cells to N shards by their `cell_cost` (largest first, each to the
+least loaded shard), the same way on every machine. `sweep_status` lists every cell as done
+(``summary.json``), running (its lock is held) or missing. Cell names may hold a world
+directory (``similar5/latent-sigma0.1``) in a multi-world sweep; costs and states do not care.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from cbcert.runs.directory import LOCK, SUMMARY
+from cbcert.runs.lock import lock_holder
+from cbcert.schema import ConfigError
+
+
+def cell_cost(cell) -> float:
+    """Estimated work of a cell in network passes (generator + one classifier per model).
+
+    Certification: inputs × (n0 + n) noisy samples, each through the generator and the H
+    models (``(1 + H)`` passes). Perturbation: inputs × samples × budgets perturbed images plus
+    the clean ones, ``(1 + H)`` passes each. Attack: per input, model and ε, restarts × iters
+    APGD steps of a forward and backward pass (≈ 3 passes) through generator and model, times
+    ``eot`` when smoothed, plus PREDICT's n samples at the clean and adversarial points. Only
+    the ratios between cells matter (`assign_shards`).
+    """
+    job = cell.job
+    if cell.kind == "classes":
+        return float(job.samples * 2)  # generator and backbone once per sample
+    heads = len(job.models)
+    if cell.kind == "certify":
+        samples = job.n + (job.n0 if job.mode == "certify" else 0)
+        return float(job.num_inputs * samples * (1 + heads))
+    if cell.kind == "perturb":
+        images = job.num_inputs * (job.samples * len(job.budgets) + 2)
+        return float(images * (1 + heads))
+    steps = job.restarts * job.iters * 3 * 2 * (job.eot if job.smoothed else 1)
+    predict = 2 * job.n * 2 if job.smoothed else 2
+    return float(job.num_inputs * len(job.eps) * heads * (steps + predict))
+
+
+def check_shard(index: int, count: int) -> None:
+    """Raise `ConfigError` (key ``shard``) unless ``0 <= index < count``."""
+    if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
+        detail = f"got {index}/{count}; give I/N with N >= 1 and 0 <= I < N"
+        raise ConfigError(f"shard={index}/{count}: {detail}", key="shard",
+                          value=(index, count), detail=detail)
+
+
+def assign_shards(cells: Sequence, count: int) -> tuple[int, ...]:
+    """The shard of every cell: largest `cell_cost` first, each to the least loaded shard.
+
+    Deterministic (ties go to the earlier cell and the lower shard), so every machine computes
+    the same assignment from the same config; every cell gets exactly one shard, and no shard
+    exceeds the average load by more than the largest cell's cost (greedy LPT scheduling).
+    """
+    check_shard(0, count)
+    costs = [cell_cost(cell) for cell in cells]
+    loads = [0.0] * count
+    shards = [0] * len(cells)
+    for i in sorted(range(len(cells)), key=lambda i: (-costs[i], i)):
+        shards[i] = min(range(count), key=lambda s: (loads[s], s))
+        loads[shards[i]] += costs[i]
+    return tuple(shards)
+
+
+def shard_cells(cells: Sequence, index: int, count: int) -> tuple:
+    """The cells of shard ``index`` of ``count``, in plan order."""
+    check_shard(index, count)
+    return tuple(c for c, s in zip(cells, assign_shards(cells, count), strict=True) if s == index)
+
+
+@dataclass(frozen=True)
+class CellStatus:
+    """Where a cell of a sweep stands (`sweep_status`).
+
+    Attributes:
+      name: the cell's directory name.
+      state: ``done`` (its ``summary.json`` exists), ``running`` (a process holds its lock)
+        or ``missing`` (neither: not started, or interrupted).
+      detail: who runs it (host, pid, since), or how many records an interrupted cell has.
+      shard: its shard when the status was asked for N shards, else None.
+    """
+
+    name: str
+    state: Literal["done", "running", "missing"]
+    detail: str
+    shard: int | None = None
+
+
+def sweep_status(out: str | Path, cells: Sequence,
+                 shards: int | None = None) -> tuple[CellStatus, ...]:
+    """The state of every cell of a sweep in ``out``, read from its cell directories.
+
+    Reads only: ``summary.json``, the cell's lock (probed with `lock_holder`, so a lock file
+    left by a killed run counts as not held) and the number of JSONL record lines.
+    """
+    out = Path(out)
+    assigned = assign_shards(cells, shards) if shards else (None,) * len(cells)
+    result = []
+    for cell, shard in zip(cells, assigned, strict=True):
+        where = out / cell.name
+        holder = lock_holder(where, LOCK)
+        if holder is not None:
+            detail = ", ".join(f"{k} {holder[k]}" for k in ("host", "pid", "started")
+                               if k in holder) or str(holder.get("holder", "unknown holder"))
+            result.append(CellStatus(cell.name, "running", detail, shard))
+        elif (where / SUMMARY).is_file():
+            result.append(CellStatus(cell.name, "done", "", shard))
+        else:
+            lines = sum(path.read_bytes().count(b"\n") for path in where.glob("*.jsonl"))
+            detail = f"interrupted, {lines} records" if lines else (
+                "started, no records yet" if where.is_dir() else "not started")
+            result.append(CellStatus(cell.name, "missing", detail, shard))
+    return tuple(result)
+
+
+__all__ = ["CellStatus", "assign_shards", "cell_cost", "check_shard", "shard_cells",
+           "sweep_status"]

@@ -1,0 +1,118 @@
+"""Cross-world report of a multi-world sweep (`cbcert.report.worlds`): stacked tables, the gap
+table per world, figures, per-world reports and the links between them."""
+
+import csv
+import io
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from cbcert.cli import main
+from cbcert.report import worlds as report_worlds
+from cbcert.report.cells import find_cells
+from cbcert.report.figures import robustness_gaps
+from cbcert.report.write import REPORT_DIR, write_report
+from cbcert.runs import sweep
+from cbcert.runs.config import ExperimentConfig
+from cbcert.worlds.builtin import untrained_world
+
+CONFIG = {
+    "preset": "smoke", "name": "mw",
+    "world": {"seed": 3, "num_inputs": 8},
+    "latent": {"sigmas": [0.25], "n0": 4, "n": 16, "alpha": 0.1},
+    "perturb": {"eps": [0.1, 0.5], "tau": [1, 2], "subsets": 2, "subset_size": 4},
+    "classes": {"samples": 32},
+    "worlds": [{"preset": "default", "family": "similarity"},
+               {"preset": "default", "name": "seed4", "family": "similarity", "seed": 4}],
+}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    world = untrained_world("default", seed=0)
+    out = tmp_path_factory.mktemp("mw") / "run"
+    cfg = ExperimentConfig.from_dict(CONFIG)
+    sweep.run_sweep(cfg, out, sections=("latent", "perturb", "classes"),
+                    load_world=lambda preset: world)
+    # A third world the sweep has not reached yet (e.g. another shard's): listed, no directory.
+    manifest = json.loads((out / sweep.MANIFEST).read_text())
+    manifest["worlds"].append({"name": "late", "family": ""})
+    (out / sweep.MANIFEST).write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.fixture(scope="module")
+def notes(run_dir):
+    logged = []
+    write_report(run_dir, log=logged.append)
+    return logged
+
+
+def _csv(path):
+    return list(csv.DictReader(io.StringIO(path.read_text())))
+
+
+def test_every_world_gets_its_own_report_and_is_linked(run_dir, notes):
+    assert any("world late has no finished cell" in n for n in notes)
+    markdown = (run_dir / REPORT_DIR / "report.md").read_text()
+    for name in ("default", "seed4"):
+        assert (run_dir / name / REPORT_DIR / "report.md").is_file()
+        assert f"[{name}](../{name}/{REPORT_DIR}/report.md)" in markdown
+    assert "[late]" not in markdown
+
+
+def test_stacked_tables_hold_each_worlds_rows_under_its_name(run_dir, notes):
+    rows = _csv(run_dir / REPORT_DIR / "worlds_certification_latent.csv")
+    for name in ("default", "seed4"):
+        own = _csv(run_dir / name / REPORT_DIR / "certification_latent.csv")
+        mine = [{k: v for k, v in r.items() if k not in ("world", "family")}
+                for r in rows if r["world"] == name]
+        assert mine == own and all(r["family"] == "similarity" for r in rows)
+    assert {r["world"] for r in _csv(run_dir / REPORT_DIR / "worlds_perturb_tests.csv")} == \
+        {"default", "seed4"}
+    similarity = _csv(run_dir / REPORT_DIR / "worlds_class_similarity.csv")
+    assert [r["world"] for r in similarity] == ["default", "seed4"]
+    assert all(float(r["min_distance"]) <= float(r["mean_distance"]) for r in similarity)
+
+
+def test_gap_table_row_of_a_world_is_its_own_gaps(run_dir, notes):
+    table = _csv(run_dir / REPORT_DIR / "worlds_gap.csv")
+    assert [r["world"] for r in table] == ["default", "seed4"]
+    for row in table:
+        labels, columns, values = robustness_gaps(find_cells(run_dir / row["world"], print))
+        own = {f"{c.split(' ')[0]} {r.replace(' (perturb)', '').replace(' (certify)', '')}": v
+               for r, vs in zip(labels, values, strict=True)
+               for c, v in zip(columns, vs, strict=True) if not math.isnan(v)}
+        assert {k: float(v) for k, v in row.items()
+                if k not in ("world", "family") and v != ""} == own
+    assert "ΔPFR ε=0.5" in table[0] and "ΔACR σ=0.25" in table[0]
+
+
+def test_cross_world_figures_are_written_or_noted(run_dir, notes):
+    for name in ("robustness_gap_worlds", "pfr_worlds_eps", "pfr_worlds_tau", "radius_worlds",
+                 "delta_pfr_worlds", "class_distances_worlds"):
+        assert (run_dir / REPORT_DIR / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    assert any("skipped attacks_worlds.png" in n for n in notes)
+    assert (run_dir / "default" / REPORT_DIR / "class_distances.png").is_file()
+
+
+def test_gap_columns_mark_missing_budgets_nan():
+    def perturb(eps, delta):
+        budget = {"kind": "eps", "value": eps, "pfr": {"std": {"mean": delta}, "cbm": {
+            "mean": 0.0}}}
+        summary = {"settings": {"models": ["std", "cbm"]}, "budgets": [budget]}
+        return report_worlds.CellResult("perturb", "perturb", {}, summary)
+
+    columns, values = report_worlds.gap_columns([("a", "", (perturb(0.1, 0.25),)),
+                                                 ("b", "", (perturb(0.3, -0.5),))])
+    assert columns == ["ΔPFR ε=0.1", "ΔPFR ε=0.3"]
+    assert values[0, 0] == 0.25 and values[1, 1] == -0.5
+    assert math.isnan(values[0, 1]) and math.isnan(values[1, 0])
+
+
+def test_cli_report_of_a_multi_world_sweep(run_dir, notes):
+    result = CliRunner().invoke(main, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert "world late has no finished cell" in result.output
