@@ -1,10 +1,14 @@
-"""Session-wide test settings: a private, empty user data directory.
+"""Session-wide test settings: a private, empty user data directory; the reduced paper run.
 
 `certify train world` writes to the user's data directory and runners prefer weights found
 there over the shipped ones (`cbcert.worlds.builtin.weights_path`). Pointing ``CBCERT_HOME`` at
 a fresh directory for the session keeps the suite hermetic: weights a developer trained on this
 machine never replace the shipped ones under test, and no test writes into the real home.
 Subprocesses inherit the setting.
+
+``paper_run`` is configs/paper.yaml swept and reported at reduced sizes on the shipped weights
+(minutes of compilation, so run once and shared by tests/test_paper.py and
+tests/test_report_worlds.py; tests that change it work on a copy).
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
+
+import pytest
 
 _HOME = tempfile.mkdtemp(prefix="cbcert-test-home-")
 os.environ["CBCERT_HOME"] = _HOME
@@ -20,3 +27,45 @@ os.environ["CBCERT_HOME"] = _HOME
 def pytest_sessionfinish(session, exitstatus):
     del session, exitstatus
     shutil.rmtree(_HOME, ignore_errors=True)
+
+
+PAPER = Path(__file__).resolve().parents[1] / "configs" / "paper.yaml"
+
+
+def reduced_paper(data: dict) -> dict:
+    """configs/paper.yaml cut to seconds: one world per family, every section and every
+    certification cell kept (same σ, ρ, budgets), sizes shrunk, the first attack section only
+    (each attack section costs three APGD compilations per world; the four kinds are covered
+    by tests/test_runs_attack.py and tests/test_report.py)."""
+    data = dict(data)
+    families: dict = {}
+    for entry in data["worlds"]:
+        families.setdefault(entry.get("family"), entry)
+    data["worlds"] = list(families.values())
+    data["world"] = {**data["world"], "num_inputs": 6}
+    for section in ("latent", "concept"):
+        data[section] = {**data[section], "n0": 4, "n": 12, "subsets": 2, "subset_size": 3}
+    data["perturb"] = {**data["perturb"], "subsets": 2, "subset_size": 3}
+    data["attack"] = [{**data["attack"][0], "iters": 2, "inputs": 2}]
+    data["classes"] = {"samples": 48}
+    return data
+
+
+@pytest.fixture(scope="session")
+def paper_run(tmp_path_factory):
+    """``certify sweep`` + ``certify report`` of `reduced_paper` (a directory; do not modify)."""
+    import yaml
+    from click.testing import CliRunner
+
+    from cbcert.cli import main
+
+    tmp = tmp_path_factory.mktemp("paper")
+    config = tmp / "paper.yaml"
+    config.write_text(yaml.safe_dump(reduced_paper(yaml.safe_load(PAPER.read_text())),
+                                     allow_unicode=True))
+    out = tmp / "run"
+    result = CliRunner().invoke(main, ["sweep", str(config), "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["report", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    return out

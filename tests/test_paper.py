@@ -5,31 +5,10 @@ file is written, and every file the report writes is mapped."""
 import re
 from pathlib import Path
 
-import pytest
 import yaml
-from click.testing import CliRunner
-
-from cbcert.cli import main
+from conftest import PAPER, reduced_paper
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER = ROOT / "configs" / "paper.yaml"
-
-
-def reduced(data: dict) -> dict:
-    """paper.yaml cut to seconds: every section and cell kept (same σ, ρ, budgets, attack
-    sections), sizes shrunk, one world per family."""
-    data = dict(data)
-    families = {}
-    for entry in data["worlds"]:
-        families.setdefault(entry.get("family"), entry)
-    data["worlds"] = list(families.values())
-    data["world"] = {**data["world"], "num_inputs": 6}
-    for section in ("latent", "concept"):
-        data[section] = {**data[section], "n0": 4, "n": 12, "subsets": 2, "subset_size": 3}
-    data["perturb"] = {**data["perturb"], "subsets": 2, "subset_size": 3}
-    data["attack"] = [{**a, "iters": 2, "inputs": 2, "eot": 2} for a in data["attack"]]
-    data["classes"] = {"samples": 48}
-    return data
 
 
 def mapped_patterns() -> list[str]:
@@ -39,26 +18,13 @@ def mapped_patterns() -> list[str]:
     rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line]
     patterns = [p for row in rows[1:] for p in re.findall(r"`([^`]+)`", row.split(" | ")[1])]
     assert patterns, "the README paper map is empty"
-    return [p for p in patterns if "*" not in p]  # the vocabulary row names files by glob
+    # Paths only: the vocabulary row names a family value and files by glob.
+    return [p for p in patterns if "/" in p and "*" not in p]
 
 
 def _regex(pattern: str) -> re.Pattern:
     escaped = re.escape(pattern).replace(re.escape("<world>"), "[^/]+")
     return re.compile(escaped.replace(re.escape("<cell>"), "[^/]+"))
-
-
-@pytest.fixture(scope="module")
-def paper_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("paper")
-    config = tmp / "paper.yaml"
-    config.write_text(yaml.safe_dump(reduced(yaml.safe_load(PAPER.read_text())),
-                                     allow_unicode=True))
-    out = tmp / "run"
-    result = CliRunner().invoke(main, ["sweep", str(config), "--out", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    result = CliRunner().invoke(main, ["report", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    return out
 
 
 def test_paper_config_covers_both_families_on_shipped_weights():
@@ -67,7 +33,7 @@ def test_paper_config_covers_both_families_on_shipped_weights():
     assert families == {"default": "class similarity", "similar5": "class similarity",
                         "dissimilar5": "class similarity", "k8": "vocabulary",
                         "vocab12": "vocabulary", "vocab16": "vocabulary"}
-    assert len(reduced(data)["worlds"]) == 2
+    assert len(reduced_paper(data)["worlds"]) == 2
 
 
 def test_every_mapped_file_is_written_and_every_written_file_is_mapped(paper_run):

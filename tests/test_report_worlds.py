@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import math
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -15,28 +16,17 @@ from cbcert.report.cells import find_cells
 from cbcert.report.figures import robustness_gaps
 from cbcert.report.write import REPORT_DIR, write_report
 from cbcert.runs import sweep
-from cbcert.runs.config import ExperimentConfig
-from cbcert.worlds.builtin import untrained_world
 
-CONFIG = {
-    "preset": "smoke", "name": "mw",
-    "world": {"seed": 3, "num_inputs": 8},
-    "latent": {"sigmas": [0.25], "n0": 4, "n": 16, "alpha": 0.1},
-    "perturb": {"eps": [0.1, 0.5], "tau": [1, 2], "subsets": 2, "subset_size": 4},
-    "classes": {"samples": 32},
-    "worlds": [{"preset": "default", "family": "similarity"},
-               {"preset": "default", "name": "seed4", "family": "similarity", "seed": 4}],
-}
+WORLDS = ("default", "k8")
+FAMILIES = {"default": "class similarity", "k8": "vocabulary"}
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    world = untrained_world("default", seed=0)
+def run_dir(paper_run, tmp_path_factory):
+    """A copy of the reduced paper run (default and k8) plus a third world the sweep has not
+    reached yet (e.g. another shard's): listed in the manifest, no directory."""
     out = tmp_path_factory.mktemp("mw") / "run"
-    cfg = ExperimentConfig.from_dict(CONFIG)
-    sweep.run_sweep(cfg, out, sections=("latent", "perturb", "classes"),
-                    load_world=lambda preset: world)
-    # A third world the sweep has not reached yet (e.g. another shard's): listed, no directory.
+    shutil.copytree(paper_run, out)
     manifest = json.loads((out / sweep.MANIFEST).read_text())
     manifest["worlds"].append({"name": "late", "family": ""})
     (out / sweep.MANIFEST).write_text(json.dumps(manifest))
@@ -50,6 +40,12 @@ def notes(run_dir):
     return logged
 
 
+def _budget(label):
+    for suffix in (" (perturb)", " (certify)"):
+        label = label.removesuffix(suffix)
+    return label.replace(" (", " ").removesuffix(")")
+
+
 def _csv(path):
     return list(csv.DictReader(io.StringIO(path.read_text())))
 
@@ -57,44 +53,50 @@ def _csv(path):
 def test_every_world_gets_its_own_report_and_is_linked(run_dir, notes):
     assert any("world late has no finished cell" in n for n in notes)
     markdown = (run_dir / REPORT_DIR / "report.md").read_text()
-    for name in ("default", "seed4"):
+    for name in WORLDS:
         assert (run_dir / name / REPORT_DIR / "report.md").is_file()
         assert f"[{name}](../{name}/{REPORT_DIR}/report.md)" in markdown
     assert "[late]" not in markdown
 
 
 def test_stacked_tables_hold_each_worlds_rows_under_its_name(run_dir, notes):
-    rows = _csv(run_dir / REPORT_DIR / "worlds_certification_latent.csv")
-    for name in ("default", "seed4"):
-        own = _csv(run_dir / name / REPORT_DIR / "certification_latent.csv")
-        mine = [{k: v for k, v in r.items() if k not in ("world", "family")}
-                for r in rows if r["world"] == name]
-        assert mine == own and all(r["family"] == "similarity" for r in rows)
+    for table in ("certification_latent", "certification_concept", "perturb", "attack"):
+        rows = _csv(run_dir / REPORT_DIR / f"worlds_{table}.csv")
+        for name in WORLDS:
+            own = _csv(run_dir / name / REPORT_DIR / f"{table}.csv")
+            mine = [{k: v for k, v in r.items() if k not in ("world", "family")}
+                    for r in rows if r["world"] == name]
+            assert mine == own, table
+        assert all(r["family"] == FAMILIES[r["world"]] for r in rows)
     assert {r["world"] for r in _csv(run_dir / REPORT_DIR / "worlds_perturb_tests.csv")} == \
-        {"default", "seed4"}
+        set(WORLDS)
     similarity = _csv(run_dir / REPORT_DIR / "worlds_class_similarity.csv")
-    assert [r["world"] for r in similarity] == ["default", "seed4"]
+    assert [r["world"] for r in similarity] == list(WORLDS)
+    assert [int(r["classes"]) for r in similarity] == [10, 10]
     assert all(float(r["min_distance"]) <= float(r["mean_distance"]) for r in similarity)
 
 
 def test_gap_table_row_of_a_world_is_its_own_gaps(run_dir, notes):
     table = _csv(run_dir / REPORT_DIR / "worlds_gap.csv")
-    assert [r["world"] for r in table] == ["default", "seed4"]
+    assert [r["world"] for r in table] == list(WORLDS)
     for row in table:
         labels, columns, values = robustness_gaps(find_cells(run_dir / row["world"], print))
-        own = {f"{c.split(' ')[0]} {r.replace(' (perturb)', '').replace(' (certify)', '')}": v
+        # Labels as README documents them: "ΔPFR ε=0.1", "ΔRobAcc ε=0.03 attack-latent".
+        own = {f"{c.split(' ')[0]} {_budget(r)}": v
                for r, vs in zip(labels, values, strict=True)
                for c, v in zip(columns, vs, strict=True) if not math.isnan(v)}
         assert {k: float(v) for k, v in row.items()
                 if k not in ("world", "family") and v != ""} == own
-    assert "ΔPFR ε=0.5" in table[0] and "ΔACR σ=0.25" in table[0]
+    assert "ΔPFR ε=0.8" in table[0] and "ΔACR σ=0.1" in table[0] and "ΔPFR τ=10" in table[0]
+    assert table[1]["ΔPFR τ=10"] == ""  # k8 has no τ = 10 (K = 8): NaN, an empty cell
 
 
 def test_cross_world_figures_are_written_or_noted(run_dir, notes):
-    for name in ("robustness_gap_worlds", "pfr_worlds_eps", "pfr_worlds_tau", "radius_worlds",
-                 "delta_pfr_worlds", "class_distances_worlds"):
+    for name in ("robustness_gap_worlds", "pfr_worlds_eps", "pfr_worlds_tau", "pfr_worlds_sigma",
+                 "pfr_worlds_rho", "radius_worlds", "delta_pfr_worlds", "class_distances_worlds",
+                 "attacks_worlds"):
         assert (run_dir / REPORT_DIR / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
-    assert any("skipped attacks_worlds.png" in n for n in notes)
+    assert not any("skipped" in n for n in notes)
     assert (run_dir / "default" / REPORT_DIR / "class_distances.png").is_file()
 
 

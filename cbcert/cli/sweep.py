@@ -151,7 +151,9 @@ def _print_status(sweep, out: Path, cells, part: tuple[int, int] | None) -> None
 def report_cmd(run_dir: Path, quiet: bool) -> None:
     """Markdown + CSV tables and PNG figures of a sweep (or one runner's) directory.
 
-    Written to RUN_DIR/report/; figures whose data are absent are skipped with a note.
+    Written to RUN_DIR/report/; figures whose data are absent are skipped with a note. For a
+    multi-world sweep every world gets its own report (RUN_DIR/<world>/report/) and
+    RUN_DIR/report/ holds the cross-world tables and figures.
 
     Example: certify report results/reference
     """

@@ -140,7 +140,7 @@ def train_world(preset: str, seed: int, out: Path | None, quick: bool,
                                          f"preset ({err})", param_hint="--backbone-from") from None
             source = weights_path(backbone_from)
         try:
-            backbone = pretext_backbone(source, config, tc)
+            backbone = pretext_backbone(source, config, tc, label=backbone_from)
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--backbone-from") from None
     world_obj = make_world(config)

@@ -116,8 +116,8 @@ PRETEXT_WORLD_FIELDS = ("latent_dim", "image_size", "frequency", "sharpness", "l
 PRETEXT_TRAIN_FIELDS = ("seed", "batch", "pretrain_steps", "backbone_lr")
 
 
-def pretext_backbone(directory: str | Path, world_config, config: TrainConfig
-                     ) -> tuple[dict, dict]:
+def pretext_backbone(directory: str | Path, world_config, config: TrainConfig,
+                     label: str | None = None) -> tuple[dict, dict]:
     """The backbone of a trained world-classifiers checkpoint, for a world trained on the same
     pretext task: phase 0 of `train` then need not run again.
 
@@ -128,8 +128,8 @@ def pretext_backbone(directory: str | Path, world_config, config: TrainConfig
     backbone), and this checks exactly those fields before lending it.
 
     Returns:
-      ``(backbone params, source)``; ``source`` (directory, its params sha256) goes into the
-      new checkpoint's metrics.
+      ``(backbone params, source)``; ``source`` (``from``: ``label`` or the directory, and the
+      checkpoint's params sha256) goes into the new checkpoint's metrics.
     Raises:
       ValueError (``CheckpointError``): not a world-classifiers checkpoint, or trained on
         another pretext (the differing field named).
@@ -154,7 +154,7 @@ def pretext_backbone(directory: str | Path, world_config, config: TrainConfig
     if tuple(module.config.widths) != NetConfig().widths:
         raise CheckpointError(f"{directory}: backbone widths {module.config.widths} differ")
     backbone = nnx.to_pure_dict(nnx.state(module))["backbone"]
-    return backbone, {"directory": str(Path(directory).absolute()),
+    return backbone, {"from": label or str(Path(directory).absolute()),
                       "params_sha256": manifest.get("params_sha256")}
 
 
@@ -203,7 +203,7 @@ def train(world: ConceptWorld, config: TrainConfig, log: Callable[[str], None] =
 
     # 0. pretext pre-training: all 16 vocabulary attributes, read off a 16-concept world.
     if backbone is not None:
-        log(f"phase 0/4: backbone from {backbone[1]['directory']} (same pretext task)")
+        log(f"phase 0/4: backbone from {backbone[1]['from']} (same pretext task)")
         params = {**params, "backbone": backbone[0]}
     else:
         params = _pretrain(world, config, graphdef, state, params, root, log)

@@ -138,9 +138,9 @@ def untrained_world(preset: str = "default", seed: int = 0) -> World:
     meaningless, shapes, determinism and speed are not. The standard head is standardised on
     256 generated images (zero-mean, unit-variance logits: a raw random head predicts one class
     almost everywhere), and the PCBM is set to reproduce it exactly (CAV k = column k of the
-    standard head, concept head = diag(‖V_k‖)), so std and cbm agree on the whole pool; a
-    world with more classes than concepts gets the best rank-K reproduction instead (CAVs and
-    head from the SVD of the standard head), so they agree on most inputs.
+    standard head, concept head = diag(‖V_k‖)), so std and cbm agree on the whole pool. With
+    more classes than concepts (C > K) the standard head is first cut to its best rank-K part
+    and the PCBM reproduces that from its SVD (CAV k = s_k u_k, head row k = s_k v_kᵀ).
     """
     config = ConceptWorldConfig.from_preset(preset)
     model = WorldClassifiers(net_config_for(config), rngs=nnx.Rngs(seed))
@@ -155,17 +155,19 @@ def untrained_world(preset: str = "default", seed: int = 0) -> World:
     scale = 1.0 / jnp.std(logits, axis=0)
     kernel = params["std_head"]["kernel"] * scale
     bias = (params["std_head"]["bias"] - jnp.mean(logits, axis=0)) * scale
-    params["std_head"] = {"kernel": kernel, "bias": bias}  # [E, C], [C]
     k = config.num_concepts
+    if c > k:  # more classes than concepts: a rank-K standard head, which a PCBM can express
+        u, sv, vt = jnp.linalg.svd(kernel, full_matrices=False)  # [E, C], [C], [C, C]
+        kernel = (u[:, :k] * sv[:k]) @ vt[:k]
+    params["std_head"] = {"kernel": kernel, "bias": bias}  # [E, C], [C]
     if c <= k:
         cav = params["pcbm"]["cav"].at[:c].set(kernel.T)
         cav_bias = params["pcbm"]["cav_bias"].at[:c].set(bias)
         head = jnp.zeros_like(params["pcbm"]["head"]["kernel"]).at[:c].set(
             jnp.diag(jnp.linalg.norm(kernel, axis=0)))
         head_bias = jnp.zeros((c,))
-    else:  # more classes than concepts: the best rank-K reproduction, kernel ≈ U S Vᵀ
-        u, sv, vt = jnp.linalg.svd(kernel, full_matrices=False)  # [E, C], [C], [C, C]
-        cav = (u[:, :k] * sv[:k]).T  # [K, E]; score_k = u_kᵀ e since ‖cav_k‖ = s_k
+    else:  # kernel = U_K S_K V_Kᵀ exactly: CAV k = s_k u_k, so score_k = u_kᵀ e
+        cav = (u[:, :k] * sv[:k]).T  # [K, E]
         cav_bias = jnp.zeros((k,))
         head = sv[:k, None] * vt[:k]  # [K, C]
         head_bias = bias
