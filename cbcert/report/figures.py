@@ -267,11 +267,18 @@ def write_figures(cells: Sequence[CellResult], out: Path,
                           lambda p, c=cell: figure_class_distances(c.summary, p)))
     if not perturbs:
         log("note: no perturb cell; skipped pfr_vs_eps, pfr_vs_tau and cfr_dfs_vs_pfr")
+    return draw_plans(plans, out, log, "no data for it in this run")
+
+
+def draw_plans(plans: Sequence[tuple[str, Callable[[Path], Path | None]]], out: Path,
+               log: Callable[[str], None], why: str) -> list[Path]:
+    """Draw each ``(file name, draw)`` plan into ``out``; the written paths, in order. A draw
+    that returns None (no data) is noted as ``skipped <name> (<why>)``."""
     written = []
     for name, draw in plans:
         path = draw(out / name)
         if path is None:
-            log(f"note: skipped {name} (no data for it in this run)")
+            log(f"note: skipped {name} ({why})")
         else:
             written.append(path)
     return written

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from cbcert.report.cells import CellResult, ReportError, find_cells
-from cbcert.report.figures import _pyplot, _save, robustness_gaps
+from cbcert.report.figures import _pyplot, _save, draw_plans, robustness_gaps
 from cbcert.report.tables import Table, _num, tables
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
@@ -340,14 +340,7 @@ def cross_world_figures(worlds: Sequence[WorldCells], out: Path,
         ("class_distances_worlds.png", lambda p: figure_class_distances_worlds(worlds, p)),
         ("attacks_worlds.png", lambda p: figure_attacks_worlds(worlds, p)),
     ]
-    written = []
-    for name, draw in plans:
-        path = draw(out / name)
-        if path is None:
-            log(f"note: skipped {name} (no world has data for it)")
-        else:
-            written.append(path)
-    return written
+    return draw_plans(plans, out, log, "no world has data for it")
 
 
 __all__ = ["cross_world_figures", "cross_world_tables", "gap_columns",
