@@ -51,6 +51,7 @@ from cbcert.certify.sequential import (
 from cbcert.certify.smoothing import Smoothing, smoothing
 from cbcert.engine.continuous import count_classes_sequential
 from cbcert.engine.keys import Stream, stream_key
+from cbcert.engine.noise import restrict
 from cbcert.engine.sampler import count_classes
 from cbcert.schema import ConfigError
 
@@ -67,11 +68,15 @@ class Noise:
         (exactly m pairs swapped).
       scale: σ, ρ or m, checked against the same ranges as the CLI's flags.
       num_concepts: K for the concept noises (0 for gaussian).
+      perturbed: noise only on the first ``perturbed`` coordinates of flat inputs
+        ``x[N, D]``, the rest carried unchanged (a multi-class conditional generator's
+        ``[z ; k]``: `cbcert.engine.noise.Leading`); None = every coordinate.
     """
 
     kind: str
     scale: float
     num_concepts: int = 0
+    perturbed: int | None = None
 
     def __post_init__(self) -> None:
         self.smoothing.check(self.scale, self.num_concepts if self.kind == "fixed" else None)
@@ -83,7 +88,7 @@ class Noise:
 
     def engine_noise(self):
         """The ``cbcert.engine.noise`` model sampled."""
-        return self.smoothing.noise(self.num_concepts)
+        return restrict(self.smoothing.noise(self.num_concepts), self.perturbed)
 
     def radius_rule(self):
         """The radius rule at the certified scale ``min(typed, drawn float32)`` (SPEC §4)."""

@@ -283,3 +283,27 @@ def test_untrained_world_with_more_classes_than_concepts_agrees():
     # Equal up to float32 rounding of two summation orders: a tie within ~1e-6 may split.
     assert np.mean(pred[:, 0] == pred[:, 1]) >= 0.99
     np.testing.assert_allclose(logits[:, 1], logits[:, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_concept_head_gives_contributions_that_sum_to_the_cbm_logit():
+    """The shipped world's PCBM head: ``Σ_i r_i W[y, i] + b[y]`` is the cbm logit of the
+    predicted class, and PCBM-h's logit adds only its residual (the contributions are the
+    concept part of both)."""
+    import jax.numpy as jnp
+
+    from cbcert.robustness.explain import contributions, explain
+
+    world = load_builtin("default")
+    z = jax.random.normal(jax.random.key(0), (16, world.generator.latent_dim))
+    params = world.params
+    images = world.latent_images(params, z)
+    r = np.asarray(world.concept_scores(params["clf"], images), np.float64)
+    logits = np.asarray(world.classify(params["clf"], images, ("cbm",)))[:, 0]
+    w, b = (np.asarray(a, np.float64) for a in world.concept_head(params["clf"]))
+    assert w.shape == (world.num_classes, world.generator.num_concepts)
+    pred = np.argmax(logits, axis=1)
+    c = contributions(r, w, pred)
+    np.testing.assert_allclose(c.sum(axis=1) + b[pred], logits[np.arange(16), pred],
+                               rtol=1e-4, atol=1e-4)
+    e = explain(c)
+    assert (e.concepts[:, 0] >= 0).all() and jnp.all(jnp.isfinite(e.shares))

@@ -125,3 +125,23 @@ def test_concept_noise_rejects_bad_events():
         noise.BernoulliFlips(K).check_event((2, 2 * K))
     with pytest.raises(ValueError, match="num_concepts=0"):
         noise.FixedFlips(0)
+
+
+@pytest.mark.parametrize("inner", [noise.Gaussian(), noise.SphereShift(),
+                                   noise.SphereShift(ball=True)])
+def test_leading_moves_only_the_leading_coordinates_exactly_as_inner(inner):
+    """`Leading`: the first d coordinates get inner's noise bit for bit (same key, same width,
+    so σ, the sphere and the ball law see d), the tail (a class position) never moves."""
+    d = 7
+    z = jax.random.normal(jax.random.key(1), (d,))
+    x = jnp.concatenate([z, jnp.asarray([3.0])])
+    wrapped = noise.restrict(inner, d)
+    assert noise.restrict(inner, None) is inner
+    got = np.asarray(_many(wrapped, x, 0.5, 64))
+    expected = np.asarray(_many(inner, z, 0.5, 64))
+    np.testing.assert_array_equal(got[:, :d], expected)
+    np.testing.assert_array_equal(got[:, d], 3.0)
+    assert wrapped.check_param(0.5) == inner.check_param(0.5)
+    with pytest.raises(ValueError, match=r"event shape \(7,\): expected one flat vector longer "
+                                         "than the 7 perturbed coordinates"):
+        wrapped.check_event((d,))

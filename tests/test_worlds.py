@@ -314,6 +314,13 @@ def test_cli_runs_on_a_world_directory(world_dir, tmp_path, command, scale):
      "generator.class_index=0; g.pkl is an unconditional StyleGAN2 (c_dim=0): remove the key"),
     (lambda m: m["generator"].update(class_index=-1), "generator.class_index=-1; allowed: "
                                                       "integers >= 0"),
+    (lambda m: m["generator"].update(class_index=[]), "generator.class_index=[]; allowed: an "
+                                                      "integer >= 0, or a list of 1 to 256"),
+    (lambda m: m["generator"].update(class_index=[1, 1]), "generator.class_index=[1, 1]; "
+                                                          "allowed: an integer >= 0, or a list"),
+    (lambda m: m["generator"].update(class_index=[0, 1]),
+     "generator.class_index=[0, 1]; g.pkl is an unconditional StyleGAN2 (c_dim=0): remove the "
+     "key"),
     (lambda m: m["generator"].update(converted="std"),
      "generator has both 'converted' and 'pickle'; name either the converted directory or the "
      "upstream files"),
@@ -358,6 +365,19 @@ def test_roles_and_class_counts_are_checked(world_dir, tmp_path):
 
 
 
+def reference_mapping(reference, z, classes, c_dim):
+    """The upstream mapping of ``z[B, 12]`` with the one-hot labels of ``classes[B]``, flattened
+    to ``w[B, num_ws · w_dim]``: ``(float64 twin, float32)`` for `assert_parity`."""
+    label = torch.nn.functional.one_hot(torch.as_tensor(np.asarray(classes)), c_dim).float()
+    reference64 = sg_ref.float64_twin(
+        reference, z_dim=12, w_dim=DW, resolution=RESOLUTION, channels=sg_ref.CHANNELS,
+        clamp=sg_ref.CLAMP, mapping_layers=2, seed=0, c_dim=c_dim)
+    with torch.no_grad():
+        ws32 = reference.mapping(z, 0.7, None, c=label)
+        ws64 = reference64.mapping(z.double(), 0.7, None, c=label.double())
+    return ws64.numpy().reshape(len(z), -1), ws32.numpy().reshape(len(z), -1)
+
+
 def test_conditional_stylegan2_world_takes_a_class_index(world_dir, tmp_path):
     """A conditional pickle (c_dim=3) needs generator.class_index; g1 feeds its one-hot label."""
     def world(name, **extra):
@@ -369,15 +389,8 @@ def test_conditional_stylegan2_world_takes_a_class_index(world_dir, tmp_path):
     root, reference = world("ok", class_index=1)
     generator = build_generator(read_manifest(root))
     z = torch.randn(2, 12, generator=torch.Generator().manual_seed(0))
-    label = torch.nn.functional.one_hot(torch.full((2,), 1), 3).float()
-    reference64 = sg_ref.float64_twin(
-        reference, z_dim=12, w_dim=DW, resolution=RESOLUTION, channels=sg_ref.CHANNELS,
-        clamp=sg_ref.CLAMP, mapping_layers=2, seed=0, c_dim=3)
-    with torch.no_grad():
-        ws32 = reference.mapping(z, 0.7, None, c=label)
-        ws64 = reference64.mapping(z.double(), 0.7, None, c=label.double())
     w = generator.g1(generator.params, jnp.asarray(z.numpy()))
-    assert_parity(w, ws64.numpy().reshape(2, -1), ws32.numpy().reshape(2, -1), "conditional g1")
+    assert_parity(w, *reference_mapping(reference, z, [1, 1], 3), "conditional g1")
     assert generator.concept_names == ("a", "b", "c")
     for name, extra, message in [
             ("missing", {}, "missing key 'class_index' in generator; gc.pkl is a conditional "
@@ -386,6 +399,127 @@ def test_conditional_stylegan2_world_takes_a_class_index(world_dir, tmp_path):
                                           "c_dim=3)")]:
         with pytest.raises(ValueError, match=re.escape(message)):
             build_generator(read_manifest(world(name, **extra)[0]))
+
+
+# A permutation, so that a class position k and the class it asks for differ.
+TEN_CLASSES = [9, 0, 4, 7, 1, 8, 2, 6, 3, 5]
+
+
+@pytest.fixture(scope="module")
+def ten_class_dirs(world_dir, tmp_path_factory):
+    """A 10-class conditional StyleGAN2 world (``class_index`` a list) and, with the same
+    pickle, the one-class world of class 4."""
+    root = tmp_path_factory.mktemp("ten")
+    reference = write_stylegan2_pickle(root / "gc10.pkl", c_dim=10)
+    dirs = {}
+    for name, index in (("multi", TEN_CLASSES), ("one", 4)):
+        def edit(m, index=index):
+            m["generator"].update(pickle="gc10.pkl", class_index=index)
+        dirs[name] = with_manifest(root / name, world_dir, edit)
+        (root / name / "gc10.pkl").symlink_to(root / "gc10.pkl")
+    return dirs, reference
+
+
+def test_a_ten_class_conditional_world_renders_the_class_it_was_asked_for(ten_class_dirs):
+    """Each input ``[z ; k]`` of a 10-class world is mapped with the one-hot of
+    ``TEN_CLASSES[k]`` (checked against the upstream mapping network), its z is the one-class
+    world's z for the same seed, and every class is asked for."""
+    from cbcert.runs.pool import pool_latents
+
+    dirs, reference = ten_class_dirs
+    multi, one = load_world_dir(dirs["multi"]), load_world_dir(dirs["one"])
+    assert multi.generator.classes == tuple(TEN_CLASSES) and multi.generator.input_dim == 13
+    assert one.generator.classes == () and one.generator.input_dim == 12
+    inputs = pool_latents(multi, 0, 0, 200)  # [200, 13]
+    np.testing.assert_array_equal(inputs[:, :12], pool_latents(one, 0, 0, 200))
+    positions = inputs[:, 12].astype(int)
+    np.testing.assert_array_equal(inputs[:, 12], positions)
+    # Fixed seed; a class missing from 200 uniform draws has probability < 10 · 0.9²⁰⁰ < 1e-8.
+    assert set(positions) == set(range(10))
+
+    rows = inputs[:20]
+    asked = np.asarray(TEN_CLASSES)[positions[:20]]
+    w = multi.generator.g1(multi.generator.params, jnp.asarray(rows))
+    assert_parity(w, *reference_mapping(reference, torch.as_tensor(rows[:, :12]), asked, 10),
+                  "10-class g1")
+    # The images of the inputs asking for class 4 are the one-class world's images.
+    four = positions == TEN_CLASSES.index(4)
+    np.testing.assert_allclose(
+        jax.jit(multi.latent_images)(multi.params, jnp.asarray(inputs[four])),
+        jax.jit(one.latent_images)(one.params, jnp.asarray(inputs[four, :12])), atol=1e-6)
+
+
+def test_noise_and_attacks_on_a_multi_class_world_move_z_only(ten_class_dirs):
+    """Smoothing counts of ``[z ; k]`` equal the one-class world's counts of z (same keys:
+    the noise acts on z exactly as there), and the attack runner's APGD moves z only."""
+    from cbcert.attacks.apgd import apgd
+    from cbcert.runs.pool import pool_latents
+
+    dirs, _ = ten_class_dirs
+    multi, one = load_world_dir(dirs["multi"]), load_world_dir(dirs["one"])
+    inputs = pool_latents(multi, 0, 0, 200)
+    idx = np.flatnonzero(inputs[:, 12] == TEN_CLASSES.index(4))[:3]
+    noise = multi.noise(Gaussian(), "latent")
+    assert noise.size == 12 and one.noise(Gaussian(), "latent") == Gaussian()
+    models = ("std", "cbm")
+    counts = count_classes(multi.latent_apply(models), multi.params, inputs[idx], noise, 0.5,
+                           jax.random.key(1), 32, num_classes=2, indices=idx)
+    single = count_classes(one.latent_apply(models), one.params, inputs[idx, :12], Gaussian(),
+                           0.5, jax.random.key(1), 32, num_classes=2, indices=idx)
+    np.testing.assert_array_equal(counts, single)
+
+    from cbcert.runs import attacker
+    from cbcert.runs.attack import AttackJob
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        x_adv, info = apgd(*args, **kwargs)
+        seen.append((np.asarray(args[1]), np.asarray(x_adv)))
+        return x_adv, info
+
+    job = AttackJob(space="latent", eps=(2.0,), norm="l2", iters=5, models=("std",), batch=4)
+    x0 = inputs[:4]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attacker, "apgd", spy)
+        fields = attacker.Attacker(multi, job, chunk_size=4).attack(
+            "std", 2.0, x0, np.zeros(4, np.int64), np.arange(4))
+    (start, x_adv), = seen
+    np.testing.assert_array_equal(start, x0)
+    np.testing.assert_array_equal(x_adv[:, 12], x0[:, 12])
+    norms = np.linalg.norm(x_adv[:, :12] - x0[:, :12], axis=1)
+    assert np.all(norms <= 2.0 + 1e-5) and np.all(norms > 0)
+    np.testing.assert_allclose(fields["perturbation_norm"], norms, rtol=1e-5)
+
+
+def test_multi_class_world_runs_the_latent_commands(ten_class_dirs, tmp_path):
+    """`certify latent` and the perturb runner (ε shifts, σ noise) run on a 10-class world
+    (their noise is the one tested above; the attack runner is tested above, its CLI run
+    costs ~100 s of compilation)."""
+    from cbcert.runs import perturb
+    from cbcert.runs.pool import agreement_pool
+
+    dirs, _ = ten_class_dirs
+    result = CliRunner().invoke(cli.main, [
+        "latent", "--sigma", "0.2", "--n", "20", "--n0", "5", "--inputs", "2", "--models",
+        "std,cbm", "--world", dirs["multi"], "--quiet", "--out", str(tmp_path / "latent")])
+    assert result.exit_code == 0, result.output
+    world = load_world_dir(dirs["multi"])
+    pool = agreement_pool(world, 0, 2)
+    asked = [TEN_CLASSES[int(k)] for k in pool.latents[:, 12]]
+    records = _jsonl(tmp_path / "latent" / "records.jsonl")
+    assert len(records) == 4 and {(r["index"], r["generator_class"]) for r in records} == set(
+        zip(pool.indices.tolist(), asked, strict=True))
+    job = perturb.PerturbJob(eps=(0.5,), tau=(), sigma=(0.2,), models=("std", "cbm"),
+                             num_subsets=2, subset_size=2, num_inputs=2, batch=2)
+    perturb.run(world, job, tmp_path / "perturb", chunk_size=8)
+    for name in ("eps0.5", "sigma0.2"):
+        records = _jsonl(tmp_path / "perturb" / f"{name}.jsonl")
+        assert [r["generator_class"] for r in records] == asked
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_biggan_world_has_no_concepts(world_dir, tmp_path):

@@ -193,7 +193,9 @@ def _random_start(keys, x0, eps, norm, lower, upper):
 
     L-inf: ``u ~ U[-1, 1]^d`` rescaled to max-abs ``eps``; L2: ``u ~ N(0, I)`` rescaled
     to Euclidean norm ``eps``. Then clipped to the box. Example ``i`` draws ``u`` from
-    ``keys[i]`` alone.
+    ``keys[i]`` alone. Coordinates the box pins (``lower == upper``, e.g. a conditional
+    generator's class position) get no component, so the start is on the sphere of the
+    free coordinates.
     """
     event = x0.shape[1:]
     if norm == "linf":
@@ -201,6 +203,8 @@ def _random_start(keys, x0, eps, norm, lower, upper):
     else:
         draw = lambda k: jax.random.normal(k, event, x0.dtype)
     direction = jax.vmap(draw)(keys)  # [B, *event]
+    if lower is not None and upper is not None:
+        direction = jnp.where(lower == upper, 0.0, direction)
     return _clip_box(x0 + eps * _normalize(direction, norm), lower, upper)
 
 

@@ -28,6 +28,7 @@ class Stream(enum.IntEnum):
     SEMANTIC = 4  # perturb: τ concept flips
     EOT = 4  # attack: the smoothed attack's noise samples
     SUBSETS = 5  # perturb: the paired subsets (numpy entropy ``(seed, 5)``)
+    CLASSES = 6  # the class each pool input asks a multi-class conditional generator for
 
 
 STREAM_SELECT = Stream.SELECT

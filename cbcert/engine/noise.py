@@ -160,6 +160,43 @@ class SphereShift:
         return x + jnp.asarray(param, x.dtype) * u
 
 
+@dataclasses.dataclass(frozen=True)
+class Leading:
+    """``inner`` noise on the first ``size`` coordinates of a flat input; the rest carried as is.
+
+    A multi-class conditional generator's input is ``[z ; k]`` (`cbcert.generators.base`): the
+    class position k rides after the latent and must not move. ``perturb(key, x[size + t])
+    = [inner.perturb(key, x[:size]) ; x[size:]]`` with the same key, so the noise on z is
+    bit-identical to ``inner`` on a width-``size`` input (σ, the sphere's dimension, the
+    ball's radius law all see ``size`` coordinates).
+    """
+
+    inner: NoiseModel
+    size: int
+
+    def check_param(self, param) -> np.ndarray:
+        return self.inner.check_param(param)
+
+    def check_event(self, event_shape: tuple[int, ...]) -> None:
+        if len(event_shape) != 1 or event_shape[0] <= self.size:
+            raise ValueError(f"event shape {tuple(event_shape)}: expected one flat vector "
+                             f"longer than the {self.size} perturbed coordinates")
+        self.inner.check_event((self.size,))
+
+    def drawn(self, param) -> float:
+        return self.inner.drawn(param)
+
+    def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
+        """``[inner.perturb(key, x[:size], param) ; x[size:]]`` for one input."""
+        moved = self.inner.perturb(key, x[: self.size], param)
+        return jnp.concatenate([moved, x[self.size :]])
+
+
+def restrict(noise: NoiseModel, size: int | None) -> NoiseModel:
+    """``noise`` on the first ``size`` coordinates only (`Leading`), or ``noise`` for None."""
+    return noise if size is None else Leading(noise, int(size))
+
+
 def _check_event_vector(event_shape: tuple[int, ...], num_concepts: int) -> None:
     if len(event_shape) != 1:
         raise ValueError(

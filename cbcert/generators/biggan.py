@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from cbcert.generators.base import Generator
+from cbcert.generators.base import Generator, check_classes, condition_labels
 from cbcert.generators.cbae import CBAE
 from cbcert.nn.layers import PatchConv, conv2d
 
@@ -253,19 +255,25 @@ class BigGAN(nnx.Module):
         return self.synthesize(self.condition(z, y), truncation)
 
 
-def biggan_generator(model: BigGAN, class_index: int, truncation: float,
+def biggan_generator(model: BigGAN, class_index: int | Sequence[int], truncation: float,
                      name: str = "biggan-deep", cbae: CBAE | None = None) -> Generator:
-    """BigGAN-deep for one ImageNet class as cbcert's ``Generator``.
+    """BigGAN-deep for one ImageNet class, or for a list of them, as cbcert's ``Generator``.
 
     * ``g1(z) = [truncation · z ; E e_class]`` (the condition vector, ``dw = 2 z_dim``); z has a
       standard normal prior here -- upstream's truncated-normal sampling is not applied.
+      ``class_index`` an int: every input renders that class. A list: the generator's
+      ``classes``; each input ``[z ; k]`` renders ``class_index[k]`` (`Generator`).
     * ``E``/``D``: a CB-AE trained on that vector (``certify train cbae``; ``num_ws = 1``,
       ``latent_dim = 2 z_dim``), or without one ``E = D = identity`` (K = 0, U = 2 z_dim).
     * ``g2(h) = (synthesize(h, truncation) + 1) / 2`` in [0, 1], NHWC.
     """
     config = model.config
-    if not 0 <= class_index < config.num_classes:
-        raise ValueError(f"class_index={class_index}; allowed: 0..{config.num_classes - 1}")
+    listed = isinstance(class_index, list | tuple)
+    classes = check_classes(class_index, config.num_classes, "class_index") if listed else ()
+    if not listed and (not isinstance(class_index, int | np.integer) or isinstance(
+            class_index, bool) or not 0 <= class_index < config.num_classes):
+        raise ValueError(f"class_index={class_index!r}; allowed: 0..{config.num_classes - 1} "
+                         "or a list of them")
     stats_index(truncation, config.n_stats)  # validates truncation early
     if cbae is not None and (cbae.config.num_ws, cbae.config.latent_dim) != (
             1, config.condition_dim):
@@ -274,12 +282,11 @@ def biggan_generator(model: BigGAN, class_index: int, truncation: float,
                          f"(num_ws=1, latent_dim={config.condition_dim})")
     graphdef, params = nnx.split(model)
     cb_graphdef, cb_params = nnx.split(cbae) if cbae is not None else (None, None)
-    onehot = jax.nn.one_hot(jnp.asarray([class_index]), config.num_classes)
+    labels = condition_labels(classes, class_index, config.num_classes, config.z_dim)
 
     def g1(p, z):
         m = nnx.merge(graphdef, p["biggan"])
-        y = jnp.broadcast_to(onehot, (z.shape[0], config.num_classes))
-        return m.condition(truncation * z, y)
+        return m.condition(truncation * z[:, :config.z_dim], labels(z))
 
     def g2(p, h):
         return (nnx.merge(graphdef, p["biggan"]).synthesize(h, truncation) + 1) / 2
@@ -295,4 +302,4 @@ def biggan_generator(model: BigGAN, class_index: int, truncation: float,
                      num_unsup=config.condition_dim if cbae is None else cbae.config.num_unsup,
                      image_shape=(config.output_dim, config.output_dim, 3),
                      params={"biggan": params, "cbae": cb_params}, g1=g1, encode=encode,
-                     decode=decode, g2=g2)
+                     decode=decode, g2=g2, classes=classes)

@@ -239,7 +239,8 @@ def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> 
                     if (int(i), model, eps) in done:
                         continue
                     record = _record(int(i), model, eps, int(labels[r]), clean[model], adv, r)
-                    sink.write(json_line({**record, "seconds": seconds}))
+                    sink.write(json_line({**record, **pool.input_fields(rows[r]),
+                                          "seconds": seconds}))
                 sink.flush()
                 finished += 1
                 if progress:

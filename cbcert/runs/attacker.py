@@ -84,7 +84,9 @@ class Attacker:
         self.root = jax.random.key(job.seed)
         k = world.generator.num_concepts
         self.apply_of = functools.partial(world.apply, job.space)
-        self.noise = of_space(job.space).noise(k)
+        self.noise = world.noise(of_space(job.space).noise(k), job.space)
+        # A conditional world's class position rides after z: a box [k, k] pins it.
+        self.pinned = world.perturbed_size(job.space)
         self.apply_all = self.apply_of(job.models)
         # One single-head apply per model for PREDICT on its own adversarial points (the
         # all-heads one when there is a single model: one compilation fewer).
@@ -150,6 +152,16 @@ class Attacker:
             **self.memory,
         )
 
+    def _bounds(self, x0: np.ndarray) -> dict[str, np.ndarray]:
+        """APGD box bounds: none, or for inputs ``[z ; k]`` of a multi-class conditional world
+        ``z`` free and ``k`` pinned (``lower = upper = k``): k has no gradient and APGD's
+        random start leaves pinned coordinates alone, so the attack moves z only."""
+        if self.pinned is None:
+            return {}
+        lower, upper = np.full_like(x0, -np.inf), np.full_like(x0, np.inf)
+        lower[:, self.pinned:] = upper[:, self.pinned:] = x0[:, self.pinned:]
+        return {"lower": lower, "upper": upper}
+
     def attack(self, model: str, eps: float, x, labels, idx) -> dict[str, np.ndarray]:
         """Attack ``x[v, *event]`` (global inputs ``idx[v]``) at budget ε; fields ``[v]``.
 
@@ -173,9 +185,10 @@ class Attacker:
                 noise_keys=eot_keys(self.root, padded_idx),
                 eot=job.eot,
             )
+        x0 = _pad(x, size)
         x_adv, info = apgd(
             logits_fn,
-            jnp.asarray(_pad(x, size)),
+            jnp.asarray(x0),
             jnp.asarray(_pad(labels, size), jnp.int32),
             eps=eps,
             norm=job.norm,
@@ -184,6 +197,7 @@ class Attacker:
             n_restarts=job.restarts,
             loss=job.loss,
             attack_all=job.smoothed,
+            **self._bounds(x0),
         )
         x_adv = np.asarray(x_adv)[:valid]
         fields = {

@@ -180,6 +180,8 @@ _RECORD_TYPES: dict[str, tuple] = {
     "prediction": (int,), "count_top": (int,), "count_runner_up": (int,),
     "correct": (bool,), "seconds": (int, float),
 }
+# Multi-class conditional worlds only: the class the input asked the generator for.
+_INPUT_TYPES = {"generator_class": (int,)}
 _CERTIFY_TYPES = {"p_lower": (int, float), "p_upper": (int, float), "radius": (int, float, None)}
 _PREDICT_TYPES = {"p_value": (int, float)}
 # Sequential runs only (fixed-schedule records stay as they were).
@@ -203,6 +205,7 @@ def records_of(path: Path, job: CertifyJob, indices) -> list[dict]:
 
     def check(record: dict) -> None:
         check_types(record, types)
+        check_types(record, {k: v for k, v in _INPUT_TYPES.items() if k in record})
         check_field(record, "index", indices, "an input of this run")
         check_field(record, "model", models, f"one of the run's models {sorted(models)}")
         if job.schedule == "sequential":
@@ -226,7 +229,8 @@ def run(
 
     Writes ``run.json`` (settings), appends ``records.jsonl`` (one line per input and model:
     index, model, label, true_label, prediction, count_top, count_runner_up, p_lower, p_upper
-    or p_value, radius, correct, seconds) and finally ``summary.json``. ``seconds`` is the wall
+    or p_value, radius, correct, seconds; ``generator_class`` in a multi-class conditional
+    world) and finally ``summary.json``. ``seconds`` is the wall
     time of the input's batch divided by its size (all models share the generated images).
 
     With ``job.schedule == "sequential"`` the estimation samples run through the continuous
@@ -279,7 +283,7 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
         )
     apply_fn = world.apply(job.space, job.models)
     inputs = space_inputs(world, pool.latents, job.space, **memory)
-    noise = job.smoothing.noise(k)
+    noise = world.noise(job.smoothing.noise(k), job.space)
     rule = job.smoothing.radius_rule(job.scale, k) if job.mode == "certify" else None
     root = jax.random.key(job.seed)
     common = dict(
@@ -297,7 +301,8 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
     if progress:
         progress(finished, job.num_inputs)
     batches = range(0, len(todo), job.batch) if job.schedule == "fixed" else ()
-    smoothed = Smoothed(apply_fn, params, Noise(job.noise, job.scale, k),
+    smoothed = Smoothed(apply_fn, params, Noise(job.noise, job.scale, k,
+                                                world.perturbed_size(job.space)),
                         num_classes=world.num_classes, chunk_size=chunk_size,
                         max_memory=max_memory, dtype=common["dtype"])
     with append_records(records_path) as sink:
@@ -329,6 +334,7 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
                         "true_label": None
                         if pool.true_labels is None
                         else int(pool.true_labels[row]),
+                        **pool.input_fields(row),
                         "prediction": int(result.prediction[r, h]),
                         "count_top": int(result.count_top[r, h]),
                         "count_runner_up": int(result.count_runner_up[r, h]),

@@ -187,7 +187,7 @@ def _kinds(world, job: PerturbJob, latents: np.ndarray, root: jax.Array,
             if concepts is None:
                 concepts = encode_inputs(world, latents, **memory)
             inputs = concepts
-        noise = spec.noise(kind, world.generator.num_concepts, job.ball)
+        noise = world.noise(spec.noise(kind, world.generator.num_concepts, job.ball), spec.space)
         kinds[kind] = _Kind(inputs, noise, stream_key(root, spec.stream), observe,
                             lambda params, x_clean, x_noisy, f=observe: f(params, x_noisy))
     return kinds
@@ -218,6 +218,7 @@ def _records(job: PerturbJob, pool, rows: np.ndarray, clean: dict, perturbed: di
         records.append({
             "index": int(pool.indices[row]),
             "label": int(pool.labels[row]),
+            **pool.input_fields(row),
             "clean": {"pred": dict(zip(job.models, map(int, clean["pred"][b]), strict=True)),
                       "concepts": _bits(clean["state"][b])},
             "samples": samples,

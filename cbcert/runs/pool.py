@@ -37,8 +37,11 @@ class Pool:
       indices: ``[M]`` pool indices where ``f_std`` and ``f_cbm`` agree on the clean image.
       labels: ``[M]`` the shared clean prediction, the reference label.
       true_labels: ``[M]`` ground-truth classes when the world knows them, else None.
-      latents: ``[M, d]`` their latents.
+      latents: ``[M, d]`` their latents (``[M, d + 1]`` inputs ``[z ; k]`` in a multi-class
+        conditional world).
       pool_size: how many latents were generated to find them.
+      asked: ``[M]`` the class each input asked a multi-class conditional generator for
+        (``classes[k]``), else None.
     """
 
     indices: np.ndarray
@@ -46,18 +49,36 @@ class Pool:
     true_labels: np.ndarray | None
     latents: np.ndarray
     pool_size: int
+    asked: np.ndarray | None = None
+
+    def input_fields(self, row: int) -> dict:
+        """Record fields of input ``row`` beyond the common ones: ``{"generator_class": c}``
+        in a multi-class conditional world (the class the input asked for), else ``{}``."""
+        return {} if self.asked is None else {"generator_class": int(self.asked[row])}
 
 
 def pool_latents(world, seed: int, start: int, count: int) -> np.ndarray:
     """Latents ``z_i ~ N(0, I)``, i in ``[start, start + count)``: ``[count, d]``.
 
     ``z_i`` is drawn from ``fold_in(fold_in(root, Stream.POOL), i)``, so the pool is the same
-    whatever its size or the block in which an index is generated.
+    whatever its size or the block in which an index is generated. A multi-class conditional
+    generator's inputs are ``[z_i ; k_i]`` (``[count, d + 1]``): the class position ``k_i`` is
+    uniform over its ``classes``, drawn from ``fold_in(fold_in(root, Stream.CLASSES), i)``, so
+    ``z_i`` is the same as in a one-class world with the same seed.
     """
-    key = stream_key(jax.random.key(seed), Stream.POOL)
-    d = world.generator.latent_dim
+    root = jax.random.key(seed)
+    gen = world.generator
+    key = stream_key(root, Stream.POOL)
+    d = gen.latent_dim
+    index = np.arange(start, start + count)
     draw = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (d,)))
-    return np.asarray(draw(np.arange(start, start + count)))
+    z = np.asarray(draw(index))
+    if not gen.classes:
+        return z
+    class_key = stream_key(root, Stream.CLASSES)
+    pick = jax.vmap(lambda i: jax.random.randint(jax.random.fold_in(class_key, i), (), 0,
+                                                 len(gen.classes)))
+    return gen.with_classes(z, np.asarray(pick(index)))
 
 
 def agreement_pool(
@@ -108,12 +129,16 @@ def agreement_pool(
     if world.true_label is not None:
         true = map_inputs(_true_labels(world), params, latents, chunk_size=chunk_size,
                           max_memory=max_memory)
+    gen = world.generator
+    asked = (np.asarray(gen.classes)[latents[:, gen.latent_dim].astype(np.int64)]
+             if gen.classes else None)
     return Pool(
         indices=indices,
         labels=np.concatenate(found_lab)[:num_inputs],
         true_labels=true,
         latents=latents,
         pool_size=start,
+        asked=asked,
     )
 
 

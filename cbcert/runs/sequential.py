@@ -147,6 +147,7 @@ def _sequential_record(pool, row: int, model: str, result, r: int) -> dict:
         "model": model,
         "label": int(pool.labels[row]),
         "true_label": None if pool.true_labels is None else int(pool.true_labels[row]),
+        **pool.input_fields(row),
         "prediction": int(result.prediction[r]),
         "count_top": int(result.count_top[r]),
         "count_runner_up": int(result.count_runner_up[r]),

@@ -204,8 +204,7 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
     def step(arrays, key):
         params, stats, state_a, state_b = arrays
         key_z, key_concept, key_value = jax.random.split(key, 3)
-        w = generator.g1(gen_params, jax.random.normal(
-            key_z, (config.batch_size, generator.latent_dim)))
+        w = generator.g1(gen_params, generator.sample_inputs(key_z, config.batch_size))
         x = generator.g2(gen_params, w)
         labels, confidence = pseudo_labels(labeler(x))
         keep = confidence >= config.threshold
@@ -297,7 +296,7 @@ def evaluate(generator: Generator, labeler: Labeler, cbae: CBAE, key: jax.Array,
     parts = []
     for start in range(0, n, batch):
         size = min(batch, n - start)
-        z = jax.random.normal(jax.random.fold_in(key, start), (size, generator.latent_dim))
+        z = generator.sample_inputs(jax.random.fold_in(key, start), size)
         parts.append(jax.device_get(measure(z)))
     correct, confident, sq_err, w, img_err, success = (np.concatenate(p) for p in zip(*parts,
                                                                                      strict=True))

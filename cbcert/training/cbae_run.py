@@ -143,7 +143,7 @@ def run(generator: Generator, labeler: Labeler, concept_names: tuple[str, ...], 
     if not concept_names:
         raise ValueError("concept_names=(); need at least one concept")
     latent = jax.eval_shape(lambda z: generator.g1(generator.params, z),
-                            jax.ShapeDtypeStruct((1, generator.latent_dim), jnp.float32))
+                            jax.ShapeDtypeStruct((1, generator.input_dim), jnp.float32))
     scores = jax.eval_shape(labeler, jax.ShapeDtypeStruct((1, *generator.image_shape),
                                                           jnp.float32))
     if scores.shape != (1, len(concept_names)):

@@ -86,6 +86,18 @@ def embedding_function(graphdef, state):
     return lambda params, x: module(params).embed(x)
 
 
+def concept_head_function(graphdef, state):
+    """Pure ``concept_head(params) -> (W[C, K], b[C])``: the PCBM's linear head on the concept
+    scores r (``cbm`` logits ``= r Wᵀ + b``; PCBM-h adds its residual on e)."""
+    module = _module_of(graphdef, state)
+
+    def concept_head(params):
+        head = module(params).pcbm.head
+        return head.kernel[...].T, head.bias[...]
+
+    return concept_head
+
+
 def _module_of(graphdef, state):
     def module(params) -> WorldClassifiers:
         s = jax.tree.map(lambda v: v, state)
@@ -190,6 +202,7 @@ def _assemble(name: str, world, graphdef, state, params, metadata: dict) -> Worl
         true_label=world.label_of,
         metadata=metadata,
         embed=embedding_function(graphdef, state),
+        concept_head=concept_head_function(graphdef, state),
     )
 
 

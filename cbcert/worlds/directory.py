@@ -25,7 +25,8 @@ on (``generator_identity``) and is refused on any other.
 StyleGAN2 networks of any synthesis architecture ("skip", "orig", "resnet") are accepted. A
 conditional one (``c_dim > 0``) generates one class per world: ``class_index`` selects it and
 ``g1`` feeds its one-hot label to the mapping network, as BigGAN's class index does; an
-unconditional one refuses the key.
+unconditional one refuses the key. A list of classes (either generator) makes a multi-class
+world: each input ``[z ; k]`` asks for ``class_index[k]`` (`cbcert.worlds.manifest`).
 """
 
 from __future__ import annotations
@@ -138,8 +139,12 @@ def generator_identity(spec: WorldSpec) -> dict[str, Any]:
     Upstream files: ``kind``, sha256 of the weights and config files, ``class_index``,
     ``truncation``. A converted BigGAN: ``kind``, the converted ``params_sha256``, the
     weights/config sha256 its converter recorded in ``sources``, ``class_index``, ``truncation``.
+    A class list is recorded as a JSON list (a CB-AE trained on a multi-class world covers
+    exactly those classes).
     """
-    gen = spec.generator
+    gen = dict(spec.generator)
+    if isinstance(gen.get("class_index"), tuple):
+        gen["class_index"] = list(gen["class_index"])
     if gen["kind"] != "biggan":
         raise ValueError(f"{MANIFEST}: generator.kind={gen['kind']!r}; `certify train cbae` "
                          "trains CB-AEs for biggan worlds (stylegan2 worlds use upstream's)")
@@ -197,17 +202,18 @@ def _trained_cbae(spec: WorldSpec) -> nnx.Module:
 
 
 def _check_stylegan2_class(gen: dict[str, Any], c_dim: int, source: str) -> None:
-    """``generator.class_index`` against the network's label width (module docstring)."""
+    """``generator.class_index`` (one class or a list) against the network's label width."""
     index = gen["class_index"]
+    shown = list(index) if isinstance(index, tuple) else index
     if c_dim and index is None:
         raise ValueError(f"{MANIFEST}: missing key 'class_index' in generator; {source} is "
                          f"a conditional StyleGAN2 (c_dim={c_dim}): choose a class in "
                          f"0..{c_dim - 1}")
     if not c_dim and index is not None:
-        raise ValueError(f"{where('generator', 'class_index')}={index}; {source} is an "
+        raise ValueError(f"{where('generator', 'class_index')}={shown}; {source} is an "
                          "unconditional StyleGAN2 (c_dim=0): remove the key")
-    if index is not None and index >= c_dim:
-        raise ValueError(f"{where('generator', 'class_index')}={index}; allowed: "
+    if index is not None and max(index if isinstance(index, tuple) else (index,)) >= c_dim:
+        raise ValueError(f"{where('generator', 'class_index')}={shown}; allowed: "
                          f"0..{c_dim - 1} ({source} has c_dim={c_dim})")
 
 

@@ -21,12 +21,15 @@ upstream files themselves (converted on every load, a convenience).
         "truncation_psi": 0.7,                      #   optional, default 1.0
         "truncation_cutoff": null,                  #   optional, default null (all layers)
         "class_index": null                         #   required (0..c_dim-1) for a
-                                                     #   conditional generator, else absent/null
+                                                     #   conditional generator, else absent/null;
+                                                     #   a list [3, 5, ...] makes a multi-class
+                                                     #   world (below)
       },                                             # kind "biggan": "weights"
                                                      #   (pytorch_model.bin) and "config"
                                                      #   (config.json), or "converted" (a
                                                      #   `certify convert biggan` directory);
-                                                     #   "class_index" (required),
+                                                     #   "class_index" (required; one class
+                                                     #   or a list),
                                                      #   "truncation" (optional, default 1.0)
       "cbae": {"checkpoint": "cbae.pt", "config": "cbae.yaml"},   # required for stylegan2, or
                                                      # {"converted": "cbae"} (`certify convert
@@ -43,6 +46,12 @@ A section names either its ``converted`` directory or its upstream files, never 
 path is relative to the world directory and stays inside it: absolute paths and ``..``
 components are refused (symbolic links inside the directory are followed). ``network`` must
 name a pickled ``Generator`` (``G_ema`` or ``G`` in NVlabs snapshots).
+
+``class_index`` as a list (1 to 256 distinct classes) makes one **multi-class world**: each
+input asks the generator for one class of the list, drawn uniformly per input from the run's
+seed, and carries it through every command while noise, shifts and attacks move only its
+latent z (`cbcert.generators.base.Generator`, ``classes``). The classifiers see every class of
+the world, so ``class_names`` is the classifiers' label set, not the generator's.
 
 Classifier roles: ``std`` (a torchvision ResNet/DenseNet) and ``cbm`` (a PCBM) are required,
 ``cbmh`` (a PCBM-h) and ``proto`` (a PixPNet) optional. Every classifier must output
@@ -62,6 +71,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from cbcert.generators.base import MAX_CLASSES
+from cbcert.schema import shorten
 
 MANIFEST = "world.json"
 FORMAT_VERSION = 1
@@ -210,6 +222,19 @@ def _integer(section: str, key: str, value: Any, low: int) -> int:
     return value
 
 
+def _class_index(value: Any) -> int | tuple[int, ...]:
+    """``generator.class_index``: one class (an integer >= 0) or a class list (1 to 256
+    distinct integers >= 0: a multi-class world, each input asks for one of them); the upper
+    bound is checked against the network once loaded."""
+    if isinstance(value, list):
+        if not 0 < len(value) <= MAX_CLASSES or len(set(map(repr, value))) != len(value):
+            raise ValueError(f"{where('generator', 'class_index')}={shorten(repr(value), 80)}; "
+                             f"allowed: an integer >= 0, or a list of 1 to {MAX_CLASSES} "
+                             "distinct ones")
+        return tuple(_integer("generator", "class_index", v, 0) for v in value)
+    return _integer("generator", "class_index", value, 0)
+
+
 def _parse_generator(root: Path, raw: Any) -> dict[str, Any]:
     kind = raw.get("kind") if isinstance(raw, Mapping) else None
     if kind not in _GENERATOR_KEYS:
@@ -237,12 +262,11 @@ def _parse_generator(root: Path, raw: Any) -> dict[str, Any]:
                                       section.get("truncation_psi", 1.0), 0.0, 1.0, True),
             "truncation_cutoff": None if cutoff is None
             else _integer("generator", "truncation_cutoff", cutoff, 1),
-            "class_index": None if class_index is None
-            else _integer("generator", "class_index", class_index, 0),
+            "class_index": None if class_index is None else _class_index(class_index),
         }
     return {
         "kind": kind, **source,
-        "class_index": _integer("generator", "class_index", section["class_index"], 0),
+        "class_index": _class_index(section["class_index"]),
         "truncation": _number("generator", "truncation", section.get("truncation", 1.0),
                               0.0, 1.0, True),
     }

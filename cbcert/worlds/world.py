@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from cbcert.engine.noise import restrict
 from cbcert.generators.base import Generator
 from cbcert.schema import ConfigError
 
@@ -42,6 +43,10 @@ class World:
       dataset: fixed inputs instead of generated ones (``cbcert.worlds.pixels.Dataset``:
         ``latents[N, d]``, ``labels[N]``): the pool is these inputs in order, each with its
         own label, and there is no agreement set; None for generated worlds.
+      concept_head: ``(classifier_params) -> (W[C, K], b[C])``, the CBM's linear head on its
+        concept scores r (``cbm`` logits ``= r Wᵀ + b``): the concept contributions
+        ``r_i · W[y, i]`` of `cbcert.robustness.explain`; None where the world does not expose
+        it (world directories, for now).
     """
 
     name: str
@@ -55,6 +60,7 @@ class World:
     metadata: dict | None = None
     dataset: Any = None
     embed: Callable[[Params, jax.Array], jax.Array] | None = None
+    concept_head: Callable[[Params], tuple[jax.Array, jax.Array]] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -90,6 +96,20 @@ class World:
     def apply(self, space: str, models: tuple[str, ...]) -> Callable:
         """`latent_apply` (``space="latent"``) or `concept_apply` (``"concept"``)."""
         return self.latent_apply(models) if space == "latent" else self.concept_apply(models)
+
+    def perturbed_size(self, space: str) -> int | None:
+        """Coordinates of a ``space`` input that noise, shifts and attacks may move.
+
+        ``d`` for latents of a multi-class conditional generator (its inputs ``[z ; k]`` carry
+        the class position k after z, `cbcert.generators.base.Generator`), else None (all).
+        """
+        gen = self.generator
+        return gen.latent_dim if space == "latent" and gen.classes else None
+
+    def noise(self, noise, space: str):
+        """The engine noise ``noise`` acting on ``space`` inputs of this world: restricted to
+        z when they carry a class (`perturbed_size`, `cbcert.engine.noise.restrict`)."""
+        return restrict(noise, self.perturbed_size(space))
 
     def latent_images(self, params, z: jax.Array) -> jax.Array:
         """``g(z)``: ``[B, d] -> [B, H, W, 3]``."""

@@ -3,24 +3,29 @@ CB-AE, ``g2`` the synthesis network (SPEC §1)."""
 
 from __future__ import annotations
 
-import jax
+from collections.abc import Sequence
+
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from cbcert.generators.base import Generator
+from cbcert.generators.base import Generator, check_classes, condition_labels
 from cbcert.generators.cbae import CBAE
 from cbcert.generators.stylegan2.network import StyleGAN2
 
 
 def stylegan2_generator(model: StyleGAN2, cbae: CBAE | None = None,
                         truncation_psi: float = 1.0, truncation_cutoff: int | None = None,
-                        name: str = "stylegan2", class_index: int | None = None) -> Generator:
+                        name: str = "stylegan2",
+                        class_index: int | Sequence[int] | None = None) -> Generator:
     """StyleGAN2 (+ optional CB-AE) as cbcert's ``Generator`` (``g = g2 ∘ D ∘ E ∘ g1``).
 
     * ``g1(z) = map(z, c, ψ, cutoff)`` flattened to ``w[B, num_ws · w_dim]``; for a
       conditional generator (``c_dim > 0``) ``c`` is the one-hot label of ``class_index``
-      (required, in ``[0, c_dim)``; fixed for the whole world, as BigGAN's class), for an
-      unconditional one there is no label and ``class_index`` must be None.
+      (required, in ``[0, c_dim)``; fixed for the whole world, as BigGAN's class) or, when
+      ``class_index`` is a list, the generator's ``classes``: input ``[z ; k]`` renders
+      ``class_index[k]`` (`Generator`); for an unconditional one there is no label and
+      ``class_index`` must be None.
     * ``E``/``D``: the CB-AE's (``cbcert.generators.cbae.CBAE``); without one, K = 0 and
       ``E = D = identity`` (``U = num_ws · w_dim``).
     * ``g2(w) = clip((synthesize(w, noise_mode="const") + 1) / 2, 0, 1)`` as ``[B, H, W, C]``:
@@ -38,10 +43,13 @@ def stylegan2_generator(model: StyleGAN2, cbae: CBAE | None = None,
     if not config.c_dim and class_index is not None:
         raise ValueError(f"class_index={class_index!r}; this StyleGAN2 is unconditional "
                          "(c_dim=0) and takes no class")
-    if class_index is not None and (not isinstance(class_index, int) or isinstance(
-            class_index, bool) or not 0 <= class_index < config.c_dim):
+    listed = isinstance(class_index, list | tuple)
+    classes = check_classes(class_index, config.c_dim, "class_index") if listed else ()
+    if not listed and class_index is not None and (
+            not isinstance(class_index, int | np.integer) or isinstance(class_index, bool)
+            or not 0 <= class_index < config.c_dim):
         raise ValueError(f"class_index={class_index!r}; allowed: 0..{config.c_dim - 1} "
-                         f"(c_dim={config.c_dim})")
+                         f"or a list of them (c_dim={config.c_dim})")
     if cbae is not None and (cbae.config.latent_dim, cbae.config.num_ws) != (config.w_dim,
                                                                              config.num_ws):
         raise ValueError(f"CB-AE latent (num_ws={cbae.config.num_ws}, latent_dim="
@@ -49,12 +57,13 @@ def stylegan2_generator(model: StyleGAN2, cbae: CBAE | None = None,
                          f"{config.num_ws}, w_dim={config.w_dim})")
     graphdef, params = nnx.split(model)
     cb_graphdef, cb_params = nnx.split(cbae) if cbae is not None else (None, None)
-    onehot = (None if class_index is None
-              else jax.nn.one_hot(jnp.asarray([class_index]), config.c_dim))
+    labels = (None if class_index is None
+              else condition_labels(classes, class_index, config.c_dim, config.z_dim))
 
     def g1(p, z):
-        c = None if onehot is None else jnp.broadcast_to(onehot, (z.shape[0], config.c_dim))
-        ws = nnx.merge(graphdef, p["stylegan2"]).map(z, c, truncation_psi, truncation_cutoff)
+        c = None if labels is None else labels(z)
+        ws = nnx.merge(graphdef, p["stylegan2"]).map(z[:, :config.z_dim], c, truncation_psi,
+                                                      truncation_cutoff)
         return ws.reshape(z.shape[0], -1)
 
     def g2(p, w):
@@ -74,4 +83,4 @@ def stylegan2_generator(model: StyleGAN2, cbae: CBAE | None = None,
         num_unsup=config.num_ws * config.w_dim if cbae is None else cbae.config.num_unsup,
         image_shape=(config.img_resolution, config.img_resolution, config.img_channels),
         params={"stylegan2": params, "cbae": cb_params}, g1=g1, encode=encode, decode=decode,
-        g2=g2)
+        g2=g2, classes=classes)
