@@ -295,3 +295,44 @@ def test_smoothing_budgets_are_checked():
         PerturbJob(eps=(), tau=(), sigma=(-0.1,))
     with pytest.raises(ValueError, match="at least one budget"):
         PerturbJob(eps=(), tau=())
+
+
+def test_explanations_are_recorded_and_summarised(world, tmp_path):
+    """``explain``: each record's clean explanation is the world's own (contributions r·W[y]
+    of the image's concept scores and prediction), a tiny shift keeps every explanation
+    (overlap 1, τ 1), and the summary reports overlap and τ per budget with the paired test of
+    cbm against cbmh (the same function in the untrained world: Δ = 0, p = 1)."""
+    from cbcert.robustness import explain as ex
+    from cbcert.schema import ConfigError
+
+    job = dataclasses.replace(JOB, tau=(1,), models=("std", "cbm", "cbmh"), explain=True)
+    result = run(world, job, tmp_path, chunk_size=CHUNK)
+    tiny = _lines(tmp_path / "eps1e-06.jsonl")
+    z = np.concatenate([pool_latents(world, job.seed, r["index"], 1) for r in tiny[:4]])
+    params = world.params
+    images = world.latent_images(params, z)
+    r = np.asarray(world.concept_scores(params["clf"], images))
+    pred = np.asarray(world.classify(params["clf"], images, ("cbm",)))[:, 0].argmax(axis=1)
+    w, _ = world.concept_head(params["clf"])
+    expected = ex.explain(ex.contributions(r, np.asarray(w), pred))
+    for record, concepts, shares in zip(tiny, expected.concepts, expected.shares, strict=False):
+        cited = record["clean"]["explain"]["cbm"]
+        assert [c for c, _ in cited] == [int(c) for c in concepts if c >= 0]
+        np.testing.assert_allclose([s for _, s in cited], shares[concepts >= 0], atol=1e-5)
+    for record in tiny:
+        for sample in record["samples"]:
+            for m in ("cbm", "cbmh"):
+                assert sample["explain"][m]["overlap"] == 1.0
+                assert sample["explain"][m]["kendall"] in (1.0, None)
+    rows = {(row["kind"], row["value"]): row for row in result.summary["explanations"]}
+    assert set(rows) == {("eps", 1e-6), ("eps", 0.5), ("tau", 1)}
+    assert rows[("eps", 1e-6)]["overlap"]["cbm"] == {"mean": 1.0, "sd": 0.0}
+    assert rows[("eps", 0.5)]["overlap"]["cbm"]["mean"] < 1.0  # the large shift moves some
+    (test,) = rows[("eps", 0.5)]["comparisons"]
+    assert (test["model_b"], test["delta"], test["pvalue"], test["pvalue_holm"]) == (
+        "cbmh", 0.0, 1.0, 1.0)
+    assert result.summary["settings"]["explain"] is True
+    assert "explain" not in JOB.settings()  # runs without it pin what they always pinned
+    with pytest.raises(ConfigError, match=r"explain: models \['std', 'proto'\] name no concept"):
+        run(world, dataclasses.replace(JOB, models=("std", "proto"), explain=True),
+            tmp_path / "other", chunk_size=CHUNK)

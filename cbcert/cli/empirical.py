@@ -17,7 +17,7 @@ from cbcert.schema import value_name
 
 # PerturbJob's ``num_inputs`` is ``--pool``: agreement inputs perturbed, not certified.
 PERTURB_FLAGS = {"num_inputs": "--pool", "num_subsets": "--subsets", "eps": "--eps",
-                 "tau": "--tau", "sigma": "--sigma", "rho": "--rho"}
+                 "tau": "--tau", "sigma": "--sigma", "rho": "--rho", "explain": "--explain"}
 
 
 def _perturb_default(name: str):
@@ -62,13 +62,16 @@ def _csv(values) -> str:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output directory (default results/perturb-seed<seed>); rerunning with the "
                    "same --out resumes.")
+@click.option("--explain", is_flag=True,
+              help="Also record the concept models' top-5 explanations, clean and perturbed, "
+                   "and report their stability (overlap, Kendall τ).")
 @common.memory_options
 @distributed_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 def perturb(eps_list: str, tau_list: str, sigma_list: str, rho_list: str, models: str,
             samples: int, ball: bool, subsets: int,
             subset_size: int, pool: int | None, batch: int, world_name: str, seed: int,
-            out: Path | None, chunk_size: int | None, max_memory: int | None,
+            out: Path | None, explain: bool, chunk_size: int | None, max_memory: int | None,
             quiet: bool) -> None:
     """Empirical robustness: PFR, CFR and DFS under latent shifts (ε), concept flips (τ) and
     the smoothing noises (σ, ρ).
@@ -90,7 +93,8 @@ def perturb(eps_list: str, tau_list: str, sigma_list: str, rho_list: str, models
         job = PerturbJob(eps=eps, tau=tau, sigma=sigma, rho=rho, models=common.names(models),
                          seed=seed,
                          samples=samples, ball=ball, num_subsets=subsets,
-                         subset_size=subset_size, num_inputs=pool or 0, batch=batch)
+                         subset_size=subset_size, num_inputs=pool or 0, batch=batch,
+                         explain=explain)
     common.check_memory(chunk_size, max_memory)
     out = common.writable_out(out or Path("results") / f"perturb-seed{seed}")
     world = common.load_agreement_world(world_name, job.models)
@@ -121,6 +125,8 @@ def _print_perturb(result, job: PerturbJob, world, out: Path) -> None:
         for cells in body:
             table.add_row(*cells)
         common.console.print(table)
+    if "explanations" in result.summary:
+        _print_explanations(result.summary["explanations"], world)
     tests = sum(len(row.comparisons) for row in result.rows)
     common.console.print(
         f"mean ± sd over {job.num_subsets} subsets of {job.subset_size} of "
@@ -129,6 +135,23 @@ def _print_perturb(result, job: PerturbJob, world, out: Path) -> None:
         f"p_Holm: Holm over {tests} tests. "
         f"Records and summary in {out}/"
     )
+
+
+def _print_explanations(rows: list[dict], world) -> None:
+    """Explanation stability per budget: top-5 overlap and Kendall τ, mean ± sd per model."""
+    def cell(entry: dict) -> str:
+        return "–" if entry["mean"] is None else f"{entry['mean']:.3f} ± {entry['sd']:.3f}"
+
+    models = list(rows[0]["overlap"])
+    table = Table(title=f"{world.name}, explanation stability (top-5 concepts)")
+    table.add_column("budget")
+    for m in models:
+        table.add_column(f"overlap {m}", justify="right")
+        table.add_column(f"Kendall τ {m}", justify="right")
+    for row in rows:
+        table.add_row(f"{row['kind']} {row['value']:g}", *(
+            c for m in models for c in (cell(row["overlap"][m]), cell(row["kendall"][m]))))
+    common.console.print(table)
 
 
 @click.command()

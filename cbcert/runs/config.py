@@ -163,7 +163,8 @@ class ConceptConfig(_Schedule, Section):
 @dataclass(frozen=True)
 class PerturbConfig(_LaterKeys, Section):
     """Empirical protocol (SPEC §3): latent budgets ε, concept budgets τ, smoothing-noise
-    budgets σ (latent Gaussian) and ρ (Bernoulli concept flips), k subsets of n."""
+    budgets σ (latent Gaussian) and ρ (Bernoulli concept flips), k subsets of n; ``explain``:
+    also the concept model's explanation stability (`cbcert.runs.explanations`)."""
 
     eps: tuple[float, ...] = field(default=(0.05, 0.1, 0.3, 0.5, 0.8), metadata=rule("eps"))
     tau: tuple[int, ...] = field(default=(1, 2, 5, 10), metadata=rule("count"))
@@ -173,8 +174,9 @@ class PerturbConfig(_LaterKeys, Section):
     ball: bool = False
     sigma: tuple[float, ...] = field(default=(), metadata=rule("sigma"))
     rho: tuple[float, ...] = field(default=(), metadata=rule("rho"))
+    explain: bool = False
 
-    _later_keys = types.MappingProxyType({"sigma": [], "rho": []})
+    _later_keys = types.MappingProxyType({"sigma": [], "rho": [], "explain": False})
 
     def __post_init__(self) -> None:
         super().__post_init__()

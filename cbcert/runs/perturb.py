@@ -43,6 +43,7 @@ import numpy as np
 from cbcert.engine.keys import Stream, stream_key
 from cbcert.engine.sampler import map_inputs, map_samples
 from cbcert.robustness import protocol, stats
+from cbcert.runs import explanations
 from cbcert.runs.budgets import BUDGET_KINDS, budget_name, observer
 from cbcert.runs.certify import check_models
 from cbcert.runs.directory import (
@@ -81,6 +82,8 @@ class PerturbJob:
       num_inputs: M agreement inputs perturbed (the subsets are drawn among them), >= n;
         0 means the default 2 n, so that subsets overlap by about half.
       batch: inputs per engine call (unit of progress and resumption).
+      explain: also record the concept models' explanations, clean and perturbed, and report
+        their stability (`cbcert.runs.explanations`); off by default (larger records).
     """
 
     eps: tuple[float, ...] = (0.05, 0.1, 0.3, 0.5, 0.8)
@@ -95,6 +98,7 @@ class PerturbJob:
     batch: int = 100
     sigma: tuple[float, ...] = ()
     rho: tuple[float, ...] = ()
+    explain: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "eps", tuple(float(e) for e in self.eps))
@@ -113,6 +117,8 @@ class PerturbJob:
             if len(set(budgets)) != len(budgets):
                 raise _error(kind, budgets, f"give each budget once, got {list(budgets)}")
         check_models(self.models, minimum=2)
+        if not isinstance(self.explain, bool):
+            raise _error("explain", self.explain, "expected true or false")
         validate("seed", self.seed, key="seed")
         validate("samples", self.samples, key="samples")
         validate("subsets", self.num_subsets, key="num_subsets")
@@ -138,6 +144,8 @@ class PerturbJob:
         d = asdict(self)
         for kind in BUDGET_KINDS:
             del d[kind]
+        if not self.explain:  # runs from before the option pin the same settings
+            del d["explain"]
         return {**d, "models": list(self.models)}
 
     def budget_lists(self) -> dict[str, list]:
@@ -197,8 +205,12 @@ def _bits(state: np.ndarray) -> str:
     return "".join("1" if s else "0" for s in state)
 
 
-def _records(job: PerturbJob, pool, rows: np.ndarray, clean: dict, perturbed: dict) -> list[dict]:
-    """JSON records of a batch: clean/perturbed predictions, concept states, flips, DFS."""
+def _records(job: PerturbJob, pool, rows: np.ndarray, clean: dict, perturbed: dict,
+             weights: np.ndarray | None = None) -> list[dict]:
+    """JSON records of a batch: predictions, concept states, flips, DFS, explanations (W)."""
+    explained = None
+    if job.explain:
+        explained = explanations.record_fields(weights, job.models, clean, perturbed)
     dfs = None
     if "scores" in clean:
         dfs = stats.decision_shifts(clean["scores"], perturbed["scores"])  # [B, S]
@@ -214,13 +226,18 @@ def _records(job: PerturbJob, pool, rows: np.ndarray, clean: dict, perturbed: di
             }
             if dfs is not None:
                 sample["dfs"] = float(dfs[b, s])
+            if explained is not None:
+                sample["explain"] = explained[1][b][s]
             samples.append(sample)
+        clean_record = {"pred": dict(zip(job.models, map(int, clean["pred"][b]), strict=True)),
+                        "concepts": _bits(clean["state"][b])}
+        if explained is not None:
+            clean_record["explain"] = explained[0][b]
         records.append({
             "index": int(pool.indices[row]),
             "label": int(pool.labels[row]),
             **pool.input_fields(row),
-            "clean": {"pred": dict(zip(job.models, map(int, clean["pred"][b]), strict=True)),
-                      "concepts": _bits(clean["state"][b])},
+            "clean": clean_record,
             "samples": samples,
         })
     return records
@@ -269,6 +286,9 @@ def run(
     world.check_models(("std", "cbm"))
     k = world.generator.num_concepts
     check_budgets(job, k)
+    if job.explain:
+        explanations.check(world, job.models)
+    weights = explanations.head(world) if job.explain else None
     out = Path(out)
     check_writable(out)
     with hold(out):
@@ -292,7 +312,7 @@ def run(
                             spec.perturbed, world.params, spec.inputs[rows], spec.noise, value,
                             spec.key, job.samples, indices=pool.indices[rows], **memory,
                         )
-                        for record in _records(job, pool, rows, clean, perturbed):
+                        for record in _records(job, pool, rows, clean, perturbed, weights):
                             if record["index"] not in done:
                                 sink.write(json_line(record))
                         sink.flush()
@@ -368,24 +388,30 @@ def summarize(out: str | Path, job: PerturbJob, agreement_indices: np.ndarray,
     """
     out = Path(out)
     expected = set(map(int, agreement_indices))
-    measurements = []
+    measurements, explained = [], []
     for kind, value in job.budgets:
         records = budget_records(out / f"{budget_name(kind, value)}.jsonl", job, expected)
         if {r["index"] for r in records} != expected:
             raise ValueError(f"{out}: records of {budget_name(kind, value)} do not cover the "
                              f"{len(expected)} agreement inputs exactly once; rerun to finish")
         measurements.append(measurement(records, job, kind, value, num_concepts))
+        if job.explain:
+            records = sorted(records, key=lambda r: r["index"])
+            explained.append((kind, value, explanations.measurements(records, job.models)))
     subsets = protocol.draw_subsets(len(expected), num_subsets=job.num_subsets,
                                     subset_size=job.subset_size,
                                     seed=(job.seed, int(Stream.SUBSETS)))
     first = job.models[0]
     rows = protocol.build_table(measurements, subsets,
                                 comparisons=[(first, m) for m in job.models[1:]])
-    return PerturbResult(rows, {
+    summary = {
         "settings": {**job.settings(), **job.budget_lists()},
         "budgets": [row.to_dict() for row in rows],
         "subsets": np.asarray(agreement_indices)[subsets].tolist(),
-    })
+    }
+    if job.explain:
+        summary["explanations"] = explanations.summary(explained, subsets, job.models)
+    return PerturbResult(rows, summary)
 
 
 __all__ = [

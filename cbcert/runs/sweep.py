@@ -165,7 +165,7 @@ def plan_cells(config: ExperimentConfig,
             eps=p.eps, tau=p.tau, sigma=p.sigma, rho=p.rho, models=EMPIRICAL_MODELS,
             seed=w.seed, samples=p.samples,
             ball=p.ball, num_subsets=p.subsets, subset_size=p.subset_size,
-            num_inputs=w.num_inputs)
+            num_inputs=w.num_inputs, explain=p.explain)
         cells.append(Cell("perturb", "perturb", job))
     if "attack" in sections:
         taken = {cell.name for cell in cells}
