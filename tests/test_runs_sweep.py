@@ -297,3 +297,35 @@ def test_cli_multi_world_loads_each_world_and_refuses_world_flag(world, tmp_path
     assert result.exit_code == 0, result.output
     assert asked == ["default", "other"]
     assert (out / "b" / "classes" / SUMMARY).is_file()
+
+
+EXPLAIN = """\
+preset: smoke
+name: ex
+world: {seed: 3, num_inputs: 8}
+explain: {inputs: 4, n0: 8, n: 16, figure_inputs: 0}
+"""
+
+
+def test_explain_section_runs_a_cell_and_reports_a_table(world, tmp_path):
+    """An ``explain:`` section is one ``explain`` cell; the report writes its table (every
+    model × measure); configs without the section pin what they always pinned."""
+    from cbcert.report.tables import EXPLAIN_MEASURES
+    from cbcert.report.write import write_report
+
+    path, cfg = _config(tmp_path, EXPLAIN)
+    assert sweep.sections_in_file(path) == ("explain",)
+    (cell,) = sweep.plan_cells(cfg, ("explain",))
+    assert (cell.name, cell.kind, cell.job.num_inputs, cell.job.seed) == ("explain", "explain",
+                                                                           4, 3)
+    assert sweep.cell_cost(cell) > 0
+    out = tmp_path / "run"
+    sweep.run_sweep(cfg, out, sections=("explain",), load_world=lambda preset: world)
+    assert json.loads((out / sweep.MANIFEST).read_text())["config"]["explain"]["inputs"] == 4
+    assert "explain" not in ExperimentConfig().to_dict()
+    write_report(out, log=lambda _: None)
+    rows = (out / "report" / "explanations.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * len(EXPLAIN_MEASURES)
+    _, bad = _config(tmp_path, EXPLAIN.replace("n: 16,", "n: 16, tau: 13,"))
+    with pytest.raises(ConfigError, match=r"section 'explain': tau=13: allowed range \[1, K=12\]"):
+        sweep.check_cells(sweep.plan_cells(bad, ("explain",)), world)

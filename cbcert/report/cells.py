@@ -26,18 +26,22 @@ class CellResult:
 
     Attributes:
       name: directory name (the sweep's cell name).
-      kind: ``certify``, ``perturb``, ``attack`` or ``classes`` (read from ``run.json``).
+      kind: ``certify``, ``perturb``, ``attack``, ``classes`` or ``explain`` (read from
+        ``run.json``).
       run: the parsed ``run.json``; summary: the parsed ``summary.json``.
     """
 
     name: str
-    kind: Literal["certify", "perturb", "attack", "classes"]
+    kind: Literal["certify", "perturb", "attack", "classes", "explain"]
     run: dict[str, Any]
     summary: dict[str, Any]
 
 
 def cell_kind(run: dict[str, Any]) -> str:
-    """Which runner wrote a ``run.json``: perturb pins ``settings``, the others a ``job``."""
+    """Which runner wrote a ``run.json``: perturb pins ``settings``, classes and explain their
+    own key, the others a ``job``."""
+    if "explain" in run:
+        return "explain"
     if "settings" in run:
         return "perturb"
     if "classes" in run:

@@ -1,5 +1,5 @@
 """Report tables: certification, empirical flip rates with paired tests, attacks, class
-distances (CSV + Markdown).
+distances, explanations (CSV + Markdown).
 
 CSV cells hold the summary's numbers at full precision (``repr`` of the float); Markdown rounds
 to 4 significant digits and shows ``mean ± sd`` pairs in one column.
@@ -239,6 +239,61 @@ def classes_tables(cells: Sequence[CellResult]) -> list[Table]:
                   ("class", "count", "nearest", "nearest_distance", *s["class_names"]), rows)]
 
 
+# `certify explain` measures in report order (summary key, label).
+EXPLAIN_MEASURES = (
+    ("eps_overlap", "top-k overlap after an ε shift"),
+    ("eps_kendall", "Kendall τ after an ε shift"),
+    ("tau_overlap", "top-k overlap after τ flips"), ("tau_kendall", "Kendall τ after τ flips"),
+    ("all_cited_certified", "all cited concepts certified at R"),
+    ("mean_certified_radius", "mean certified radius of cited concepts"),
+    ("precision", "known-answer precision"), ("recall", "known-answer recall"),
+    ("f1", "known-answer F1"),
+    ("single_consistent", "consistency, one cited concept flipped"),
+    ("all_consistent", "consistency, all cited concepts flipped"),
+    ("single_faithful", "faithfulness, one cited concept flipped"),
+    ("all_faithful", "faithfulness, all cited concepts flipped"))
+
+
+def explain_tables(cells: Sequence[CellResult]) -> list[Table]:
+    """`certify explain` cells (mean and 95 % bootstrap interval per model and measure) and the
+    explanation stability of perturb cells run with ``explain``."""
+    tables = []
+    for cell in cells:
+        if cell.kind == "explain":
+            s = cell.summary
+            rows = tuple((cell.name, model, key, label, *((e["mean"], e["low"], e["high"],
+                                                            e["inputs"]) if e else (None,) * 4))
+                         for model, measures in s["models"].items()
+                         for key, label in EXPLAIN_MEASURES for e in (measures[key],))
+            settings = s["settings"]
+            suffix = "" if _count(cells, "explain") == 1 else f"_{cell.name}"
+            tables.append(Table(
+                f"explanations{suffix}",
+                f"Explanations of {s['inputs']} inputs (top {settings['top_k']}; ε = "
+                f"{settings['eps']:g}, τ = {settings['tau']}, σ = {settings['sigma']:g}, R = "
+                f"{settings['radius']:g}, α = {settings['alpha']:g}): mean [95 % bootstrap "
+                "interval over inputs]",
+                ("cell", "model", "measure", "label", "mean", "low", "high", "inputs"), rows))
+        elif cell.kind == "perturb" and "explanations" in cell.summary:
+            rows = []
+            for b in cell.summary["explanations"]:
+                tests = {c["model_b"]: c for c in b["comparisons"]}
+                for m in b["overlap"]:
+                    test = tests.get(m, {})
+                    rows.append((cell.name, _budget_label(b["kind"], b["value"]), m,
+                                 b["overlap"][m]["mean"], b["overlap"][m]["sd"],
+                                 b["kendall"][m]["mean"], b["kendall"][m]["sd"],
+                                 test.get("delta"), test.get("pvalue"), test.get("pvalue_holm")))
+            suffix = "" if _count(cells, "perturb") == 1 else f"_{cell.name}"
+            tables.append(Table(
+                f"perturb_explanations{suffix}",
+                f"Explanation stability, mean ± sd over subsets; Δ overlap vs the first concept "
+                f"model, paired permutation test, Holm over budgets ({cell.name})",
+                ("cell", "budget", "model", "overlap_mean", "overlap_sd", "kendall_mean",
+                 "kendall_sd", "delta_overlap", "p", "p_holm"), tuple(rows)))
+    return tables
+
+
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
@@ -250,4 +305,4 @@ def _count(cells: Sequence[CellResult], kind: str) -> int:
 def tables(cells: Sequence[CellResult]) -> list[Table]:
     """All tables of a run, in report order."""
     return [*certification_tables(cells), *perturb_tables(cells), *attack_tables(cells),
-            *classes_tables(cells)]
+            *classes_tables(cells), *explain_tables(cells)]

@@ -231,6 +231,26 @@ class ClassesConfig(Section):
     samples: int = field(default=400, metadata=rule("samples"))
 
 
+@dataclass(frozen=True)
+class ExplainConfig(Section):
+    """Explanations (``certify explain``, `cbcert.runs.explain`): top-k explanations of the
+    concept models on ``inputs`` agreement inputs, their stability after an ε shift and τ
+    flips, certified concept signs (σ, R = ``radius`` or σ/4, n0, n, α), known-answer quality
+    and counterfactual edits (an ``explain`` cell of a sweep; built-in worlds)."""
+
+    models: tuple[str, ...] = field(default=("cbm", "cbmh"), metadata={"nonempty": True})
+    inputs: int = field(default=100, metadata=rule("count"))
+    eps: float = field(default=0.3, metadata=rule("eps"))
+    tau: int = field(default=1, metadata=rule("count"))
+    sigma: float = field(default=0.1, metadata=rule("sigma"))
+    radius: float | None = None
+    n0: int = field(default=100, metadata=rule("samples"))
+    n: int = field(default=1000, metadata=rule("samples"))
+    alpha: float = field(default=0.001, metadata=rule("alpha"))
+    top_k: int = field(default=5, metadata=rule("count"))
+    figure_inputs: int = 4
+
+
 _SECTIONS: Mapping[str, type[Section]] = types.MappingProxyType(
     {
         "world": WorldConfig,
@@ -239,10 +259,11 @@ _SECTIONS: Mapping[str, type[Section]] = types.MappingProxyType(
         "perturb": PerturbConfig,
         "attack": AttackConfig,
         "classes": ClassesConfig,
+        "explain": ExplainConfig,
     }
 )
 # Sections written to manifests only when they differ from their defaults (added later).
-_LATER_SECTIONS = ("classes",)
+_LATER_SECTIONS = ("classes", "explain")
 _ENTRY_KEYS = ("name", "family", "preset", "seed", "num_inputs")
 
 
@@ -281,6 +302,7 @@ class ExperimentConfig:
     perturb: PerturbConfig = PerturbConfig()
     attack: AttackConfig | tuple[AttackConfig, ...] = AttackConfig()
     classes: ClassesConfig = ClassesConfig()
+    explain: ExplainConfig = ExplainConfig()
     worlds: tuple[WorldEntry, ...] = ()
 
     def __post_init__(self) -> None:
@@ -372,8 +394,8 @@ class ExperimentConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict for the run manifest; ``from_dict(to_dict())`` round-trips (one
         attack section is a mapping, as before several were allowed; several are a list;
-        ``classes`` at its default and an empty ``worlds`` are left out, as before they
-        existed)."""
+        ``classes`` and ``explain`` at their defaults and an empty ``worlds`` are left out, as
+        before they existed)."""
         out = {"name": self.name, **{s: getattr(self, s).to_dict() for s in _SECTIONS
                                      if s != "attack" and s not in _LATER_SECTIONS}}
         attacks = [a.to_dict() for a in self.attacks]

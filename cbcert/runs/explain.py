@@ -224,6 +224,18 @@ def _cited(e: ex.Explanation, row: int, names) -> list[dict]:
             for i, s in zip(e.concepts[row], e.shares[row], strict=True) if i >= 0]
 
 
+def check(world, job: ExplainJob) -> None:
+    """`ConfigError` for a world without concept head or known class rule, or τ > K."""
+    explanations.check(world, job.models)
+    k = world.generator.num_concepts
+    if job.tau > k:
+        raise ConfigError(f"tau={job.tau}: allowed range [1, K={k}]", key="tau", value=job.tau,
+                          allowed=f"[1, {k}]")
+    if world.true_label is None or "patterns" not in (world.generator.params or {}):
+        detail = f"{world.name} has no known class rule (built-in worlds have one)"
+        raise ConfigError(f"world: {detail}", key="world", value=world.name, detail=detail)
+
+
 def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: int | None = None,
         max_memory: int | None = None) -> dict[str, Any]:
     """Explain, perturb, certify and score (module docstring); returns the summary.
@@ -234,19 +246,12 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
     """
     world.check_models(job.models)
     world.check_models(("std", "cbm"))
-    explanations.check(world, job.models)
-    k = world.generator.num_concepts
-    if job.tau > k:
-        raise ConfigError(f"tau={job.tau}: allowed range [1, K={k}]", key="tau", value=job.tau,
-                          allowed=f"[1, {k}]")
-    if world.true_label is None or "patterns" not in (world.generator.params or {}):
-        detail = f"{world.name} has no known class rule (built-in worlds have one)"
-        raise ConfigError(f"world: {detail}", key="world", value=world.name, detail=detail)
+    check(world, job)
     out = Path(out)
     check_writable(out)
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     with hold(out):
-        open_run_dir(out, world_pin({"settings": asdict(job) | {"models": list(job.models)},
+        open_run_dir(out, world_pin({"explain": asdict(job) | {"models": list(job.models)},
                                      "world": world.name}, world))
         pool = agreement_pool(world, job.seed, job.num_inputs, **memory)
         report = progress or (lambda done, total: None)
@@ -267,7 +272,7 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
                     ex.top_k_overlap(expl[reference].concepts, expl[view].concepts),
                     ex.rank_correlation(contrib[reference], contrib[view],
                                         expl[reference].concepts, expl[view].concepts))
-            cited = expl["clean"].cited(k)
+            cited = expl["clean"].cited(world.generator.num_concepts)
             cert = ex.certify_concept_signs(obs["counts"]["select"], job.n0,
                                             obs["counts"]["estimate"], job.n, job.sigma,
                                             job.alpha, radius=job.radius, family=cited)
@@ -412,4 +417,4 @@ def export(out: str | Path, world, path: str | Path) -> int:
     return len(items)
 
 
-__all__ = ["EXPORT_FORMAT", "ExplainJob", "FIGURE", "RECORDS", "export", "run"]
+__all__ = ["EXPORT_FORMAT", "ExplainJob", "FIGURE", "RECORDS", "check", "export", "run"]

@@ -24,14 +24,18 @@ def cell_cost(cell) -> float:
 
     Certification: inputs × (n0 + n) noisy samples, each through the generator and the H
     models (``(1 + H)`` passes). Perturbation: inputs × samples × budgets perturbed images plus
-    the clean ones, ``(1 + H)`` passes each. Attack: per input, model and ε, restarts × iters
-    APGD steps of a forward and backward pass (≈ 3 passes) through generator and model, times
-    ``eot`` when smoothed, plus PREDICT's n samples at the clean and adversarial points. Only
-    the ratios between cells matter (`assign_shards`).
+    the clean ones, ``(1 + H)`` passes each. Explain: inputs × (n0 + n sign samples, three
+    views, k + 1 edits per model), ``(1 + H)`` passes. Attack: per input, model and ε,
+    restarts × iters APGD steps of a forward and backward pass (≈ 3 passes) through generator
+    and model, times ``eot`` when smoothed, plus PREDICT's n samples at the clean and
+    adversarial points. Only the ratios between cells matter (`assign_shards`).
     """
     job = cell.job
     if cell.kind == "classes":
         return float(job.samples * 2)  # generator and backbone once per sample
+    if cell.kind == "explain":  # sign samples, 3 clean/perturbed views, (k + 1) edits per model
+        return float(job.num_inputs * (job.n0 + job.n + 3 + len(job.models) * (job.top_k + 1))
+                     * (1 + len(job.models)))
     heads = len(job.models)
     if cell.kind == "certify":
         samples = job.n + (job.n0 if job.mode == "certify" else 0)

@@ -10,7 +10,9 @@ A config becomes a list of *cells*, each one run of an existing runner in its ow
 * ``attack``: one `AttackJob` per attack section (a config may list several) for its (space,
   smoothed) pair — ``attack-latent`` or ``attack-latent-smoothed-sigma0.25``
   (``attack-concept-smoothed-rho0.2``), or the section's ``name``;
-* ``classes``: the class-centroid distances of f_std's features (`runs.classes`) — ``classes``.
+* ``classes``: the class-centroid distances of f_std's features (`runs.classes`) — ``classes``;
+* ``explain``: the concept models' explanations, their stability, certificates, known-answer
+  quality and counterfactuals (`runs.explain`, built-in worlds) — ``explain``.
 
 A multi-world config (``worlds:``) runs every world's cells into ``<out>/<world>/<cell>/``: cell
 names carry the world (``similar5/latent-sigma0.1``), each world directory gets the manifest
@@ -54,6 +56,7 @@ from cbcert.certify.smoothing import of_space
 from cbcert.runs import attack as attack_runner
 from cbcert.runs import certify as certify_runner
 from cbcert.runs import classes as classes_runner
+from cbcert.runs import explain as explain_runner
 from cbcert.runs import perturb as perturb_runner
 from cbcert.runs.config import ConfigError, ExperimentConfig
 from cbcert.runs.directory import (
@@ -75,8 +78,9 @@ from cbcert.runs.shards import (
 )
 from cbcert.schema import value_name
 
-SECTIONS = ("latent", "concept", "perturb", "attack", "classes")
-# What a file naming no section sweeps (classes came later: old sweeps keep their cells).
+SECTIONS = ("latent", "concept", "perturb", "attack", "classes", "explain")
+# What a file naming no section sweeps (classes and explain came later: old sweeps keep their
+# cells).
 DEFAULT_SECTIONS = ("latent", "concept", "perturb", "attack")
 MANIFEST = "manifest.json"
 # The runners' default models; the agreement set itself needs std and cbm.
@@ -90,13 +94,14 @@ class Cell:
     Attributes:
       name: directory under the sweep's output directory (``<world>/<cell>`` in a multi-world
         sweep).
-      kind: which runner: ``certify``, ``perturb``, ``attack`` or ``classes``.
-      job: the runner's settings (`CertifyJob`, `PerturbJob`, `AttackJob`, `ClassesJob`).
+      kind: which runner: ``certify``, ``perturb``, ``attack``, ``classes`` or ``explain``.
+      job: the runner's settings (`CertifyJob`, `PerturbJob`, `AttackJob`, `ClassesJob`,
+        `ExplainJob`).
       world: the world entry's name in a multi-world sweep, else None.
     """
 
     name: str
-    kind: Literal["certify", "perturb", "attack", "classes"]
+    kind: Literal["certify", "perturb", "attack", "classes", "explain"]
     job: Any
     world: str | None = None
 
@@ -118,7 +123,8 @@ def sections_in_file(path: str | Path) -> tuple[str, ...]:
 
 def plan_cells(config: ExperimentConfig,
                sections: Sequence[str] = DEFAULT_SECTIONS) -> tuple[Cell, ...]:
-    """The cells of a sweep, in run order (latent, concept, perturb, attack, classes); for a
+    """The cells of a sweep, in run order (latent, concept, perturb, attack, classes,
+    explain); for a
     multi-world config, every world's cells in the order of ``worlds``, named
     ``<world>/<cell>``.
 
@@ -180,6 +186,13 @@ def plan_cells(config: ExperimentConfig,
     if "classes" in sections:
         job = classes_runner.ClassesJob(samples=config.classes.samples, seed=w.seed)
         cells.append(Cell("classes", "classes", job))
+    if "explain" in sections:
+        e = config.explain
+        job = explain_runner.ExplainJob(
+            models=e.models, num_inputs=e.inputs, eps=e.eps, tau=e.tau, sigma=e.sigma,
+            radius=e.radius, n0=e.n0, n=e.n, alpha=e.alpha, top_k=e.top_k, seed=w.seed,
+            figure_inputs=e.figure_inputs)
+        cells.append(Cell("explain", "explain", job))
     return tuple(cells)
 
 
@@ -218,6 +231,13 @@ def check_cells(cells: Sequence[Cell], world) -> None:
             if world.embed is None:
                 raise ConfigError(f"section 'classes': world {world.name} gives no classifier "
                                   "features (World.embed); drop the section for it")
+            continue
+        if cell.kind == "explain":
+            try:
+                world.check_models(cell.job.models)
+                explain_runner.check(world, cell.job)
+            except ValueError as error:
+                raise ConfigError(f"section 'explain': {error}") from None
             continue
         section = "attack" if cell.kind == "attack" else cell.name.split("/")[-1].split("-")[0]
         try:
@@ -353,7 +373,8 @@ def run_sweep(
         for cell in mine:
             callback = progress(cell.name) if progress else None
             run_cell = {"certify": certify_runner.run, "perturb": perturb_runner.run,
-                        "attack": attack_runner.run, "classes": classes_runner.run}[cell.kind]
+                        "attack": attack_runner.run, "classes": classes_runner.run,
+                        "explain": explain_runner.run}[cell.kind]
             summary = run_cell(worlds[cell.world], cell.job, out / cell.name, progress=callback)
             if cell.kind == "perturb":
                 summary = summary.summary
