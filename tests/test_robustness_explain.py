@@ -165,3 +165,26 @@ def test_known_answer_scorer_gives_the_oracle_one_and_judges_agree_with_it():
     with pytest.raises(ValueError, match=r"judge 0 scored explanation 0 10; allowed: a number "
                                          r"in \[1, 9\]"):
         ex.judge_scores([lambda r: 10], records)
+
+
+def test_certified_concept_stability_under_concept_flips_is_sound():
+    """The Hamming version (Bernoulli ρ flips): p*(R) is where the two-sided Hamming radius
+    reaches R; with every concept exactly there, Holm keeps the rate of any (false) claim ≤ α
+    (4,000 trials; same tolerance and failure probability as the Gaussian test); radii are the
+    rule's radii of p_lower."""
+    from cbcert.certify.hamming import BernoulliHammingRadius
+
+    rule = BernoulliHammingRadius(rho=0.1, num_concepts=12)
+    p0 = ex.threshold(rule, 1.0)
+    assert 0.5 < p0 < 1 and rule.radius(p0, 1 - p0) >= 1 > rule.radius(p0 - 1e-9, 1 - p0 + 1e-9)
+    assert ex.threshold(rule, 0.0) == 0.5 and ex.threshold(rule, 13.0) == 1.0
+    alpha, n0, n, trials = 0.05, 20, 200, 4000
+    select, counts = _simulate(np.full(5, p0), trials, n0, n, seed=4)
+    cert = ex.certify_concept_signs(select, n0, counts, n, None, alpha, radius=1.0, rule=rule)
+    assert cert.certified.any(axis=1).mean() <= alpha + 3.5 * math.sqrt(
+        alpha * (1 - alpha) / trials)
+    select, counts = _simulate(np.full(5, 0.999), 200, n0, n, seed=5)
+    strong = ex.certify_concept_signs(select, n0, counts, n, None, alpha, radius=1.0, rule=rule)
+    assert strong.all_certified.mean() > 0.9 and (strong.radius >= 1).all()
+    with pytest.raises(ValueError, match="either sigma"):
+        ex.certify_concept_signs(select, n0, counts, n, 0.5, alpha, rule=rule)

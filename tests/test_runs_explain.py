@@ -16,7 +16,7 @@ from cbcert.runs.pool import agreement_pool
 from cbcert.schema import ConfigError
 from cbcert.worlds.builtin import load_builtin
 
-JOB = ExplainJob(num_inputs=6, n0=20, n=64, figure_inputs=1, seed=1)
+JOB = ExplainJob(num_inputs=6, n0=20, n=64, figure_inputs=1, seed=1, rho=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +41,17 @@ def test_records_cover_every_input_and_model(finished, world):
         (m, i) for m in JOB.models for i in agreement_pool(world, 1, 6).indices.tolist()]
     assert (out / FIGURE).stat().st_size > 0
     assert set(summary["models"]) == {"cbm", "cbmh"}
+    assert "all_cited_certified_flips" in summary["models"]["cbm"]
     for r in records:
         cited = [c["concept"] for c in r["cited"]]
         assert 1 <= len(cited) <= 5
         assert sum(abs(c["share"]) for c in r["cited"]) <= 1 + 1e-9
-        # The certificate's family is exactly the cited concepts.
-        assert [c["concept"] for c in r["certified"]] == cited
-        assert r["all_certified"] == all(c["stable_at_radius"] for c in r["certified"])
+        # Each certificate's family is exactly the cited concepts.
+        for suffix in ("", "_flips"):
+            assert [c["concept"] for c in r[f"certified{suffix}"]] == cited
+            assert r[f"all_certified{suffix}"] == all(
+                c["stable_at_radius"] for c in r[f"certified{suffix}"])
+        assert all(c["radius"] == int(c["radius"]) for c in r["certified_flips"])  # Hamming
         for view in ("eps", "tau"):
             assert 0.0 <= r[view]["overlap"] <= 1.0
         for c in r["certified"]:

@@ -12,7 +12,7 @@ from cbcert.cli.progress import bar
 from cbcert.runs.explain import ExplainJob
 
 FLAGS = {"num_inputs": "--inputs", "top_k": "--top-k", "figure_inputs": "--figure-inputs",
-         "world": "--world"}
+         "world": "--world", "flip_radius": "--flip-radius"}
 
 
 def _default(name: str):
@@ -38,6 +38,11 @@ def _default(name: str):
               help="Estimation samples of each concept's sign.")
 @click.option("--alpha", type=float, default=_default("alpha"), show_default=True,
               help="Family-wise error level over the cited concepts of an input.")
+@click.option("--rho", type=float, default=None,
+              help="Also certify the cited concepts' signs under Bernoulli concept flips with "
+                   "probability ρ (Hamming radius --flip-radius).")
+@click.option("--flip-radius", type=int, default=_default("flip_radius"), show_default=True,
+              help="Hamming radius at which cited concepts must keep their sign (--rho).")
 @click.option("--top-k", type=int, default=_default("top_k"), show_default=True,
               help="Concepts per explanation.")
 @click.option("--figure-inputs", type=int, default=_default("figure_inputs"),
@@ -53,7 +58,8 @@ def _default(name: str):
 @common.memory_options
 @click.option("--quiet", "-q", is_flag=True, help="No table.")
 def explain(models: str, num_inputs: int, eps: float, tau: int, sigma: float,
-            radius: float | None, n0: int, n: int, alpha: float, top_k: int,
+            radius: float | None, n0: int, n: int, alpha: float, rho: float | None,
+            flip_radius: int, top_k: int,
             figure_inputs: int, world_name: str, seed: int, out: Path | None,
             export_path: Path | None, chunk_size: int | None, max_memory: int | None,
             quiet: bool) -> None:
@@ -68,7 +74,8 @@ def explain(models: str, num_inputs: int, eps: float, tau: int, sigma: float,
     with common.bad_input(FLAGS):
         job = ExplainJob(models=common.names(models), num_inputs=num_inputs, eps=eps, tau=tau,
                          sigma=sigma, radius=radius, n0=n0, n=n, alpha=alpha, top_k=top_k,
-                         seed=seed, figure_inputs=figure_inputs)
+                         seed=seed, figure_inputs=figure_inputs, rho=rho,
+                         flip_radius=flip_radius)
     common.check_memory(chunk_size, max_memory)
     out = common.writable_out(out or Path("results") / f"explain-seed{seed}")
     if export_path is not None:
@@ -94,7 +101,7 @@ def _print(summary: dict, world, job: ExplainJob, out: Path) -> None:
     from cbcert.report.tables import EXPLAIN_MEASURES
 
     rows = [(label.replace(" at R", f" at R = {job.radius:g}"), key)
-            for key, label in EXPLAIN_MEASURES]
+            for key, label in EXPLAIN_MEASURES if key in summary["models"][job.models[0]]]
     table = Table(title=f"{world.name}: explanations of {job.num_inputs} agreement inputs "
                         f"(top {job.top_k}; ε = {job.eps:g}, τ = {job.tau}, σ = {job.sigma:g})")
     table.add_column("measure")

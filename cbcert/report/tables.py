@@ -246,6 +246,8 @@ EXPLAIN_MEASURES = (
     ("tau_overlap", "top-k overlap after τ flips"), ("tau_kendall", "Kendall τ after τ flips"),
     ("all_cited_certified", "all cited concepts certified at R"),
     ("mean_certified_radius", "mean certified radius of cited concepts"),
+    ("all_cited_certified_flips", "all cited concepts certified under concept flips"),
+    ("mean_certified_radius_flips", "mean certified Hamming radius of cited concepts"),
     ("precision", "known-answer precision"), ("recall", "known-answer recall"),
     ("f1", "known-answer F1"),
     ("single_consistent", "consistency, one cited concept flipped"),
@@ -264,7 +266,8 @@ def explain_tables(cells: Sequence[CellResult]) -> list[Table]:
             rows = tuple((cell.name, model, key, label, *((e["mean"], e["low"], e["high"],
                                                             e["inputs"]) if e else (None,) * 4))
                          for model, measures in s["models"].items()
-                         for key, label in EXPLAIN_MEASURES for e in (measures[key],))
+                         for key, label in EXPLAIN_MEASURES if key in measures
+                         for e in (measures[key],))
             settings = s["settings"]
             suffix = "" if _count(cells, "explain") == 1 else f"_{cell.name}"
             tables.append(Table(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.stats
@@ -163,8 +164,9 @@ class ConceptCertificate:
 
 
 def certify_concept_signs(select_positive: np.ndarray, n0: int, positive: np.ndarray, n: int,
-                          sigma: float, alpha: float, radius: float = 0.0,
-                          family: np.ndarray | None = None) -> ConceptCertificate:
+                          sigma: float | None, alpha: float, radius: float = 0.0,
+                          family: np.ndarray | None = None, *,
+                          rule: Any = None) -> ConceptCertificate:
     """Certify the sign of each smoothed concept score under latent Gaussian noise.
 
     The smoothed sign of concept i is ``s_i(z) = argmax_{±} P_δ[sign r_i(g(z + δ)) = ±]``. As in
@@ -176,15 +178,21 @@ def certify_concept_signs(select_positive: np.ndarray, n0: int, positive: np.nda
     test, and Holm's step-down over the family keeps the probability of any false "stable at R"
     claim ≤ α. Per-concept radii ``σ Φ⁻¹(p_lower)`` use Clopper–Pearson bounds at α/m.
 
+    Under concept flips (Bernoulli ρ on the concepts of ``c``) pass ``rule`` =
+    `cbcert.certify.hamming.BernoulliHammingRadius` (and ``sigma=None``): radii are Lee et
+    al.'s Hamming radii of the two-sided sign (``p_B = 1 − p_lower``) and ``H0_i`` is
+    ``p_i ≤ p*(R)``, the smallest agreement probability whose radius reaches R (`threshold`).
+
     Args:
       select_positive: ``[N, K]`` counts of ``r_i > 0`` among the n0 selection samples.
       n0: selection samples per input (>= 1).
       positive: ``[N, K]`` counts of ``r_i > 0`` among the n estimation samples.
       n: estimation samples per input (>= 1).
-      sigma: the latent noise σ > 0.
+      sigma: the latent noise σ > 0 (None with ``rule``).
       alpha: family-wise error level in (0, 1).
       radius: R >= 0 at which stability is claimed.
       family: ``[N, K]`` bool, the concepts of each input tested together (default: all K).
+      rule: a radius rule ``rule.radius(p_lower, p_upper)`` replacing the Gaussian one.
     """
     alpha = check_alpha(alpha)
     check_counts(select_positive, n0)
@@ -193,14 +201,18 @@ def certify_concept_signs(select_positive: np.ndarray, n0: int, positive: np.nda
     if sel.shape != pos.shape or pos.ndim != 2:
         raise ValueError(f"expected selection and estimation counts [N, K] of one shape, got "
                          f"{sel.shape}, {pos.shape}")
-    if not (np.isfinite(sigma) and sigma > 0) or not (np.isfinite(radius) and radius >= 0):
-        raise ValueError(f"sigma={sigma!r} must be > 0 and radius={radius!r} >= 0")
+    if (rule is None) == (sigma is None):
+        raise ValueError("give either sigma (Gaussian noise) or rule (another noise), not both")
+    if sigma is not None and not (np.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"sigma={sigma!r} must be > 0")
+    if not (np.isfinite(radius) and radius >= 0):
+        raise ValueError(f"radius={radius!r} must be >= 0")
     family = np.ones(pos.shape, bool) if family is None else np.asarray(family, bool)
     if family.shape != pos.shape:
         raise ValueError(f"family: expected shape {pos.shape}, got {family.shape}")
     sign = np.where(2 * sel > n0, 1, -1).astype(np.int8)
     agree = np.where(sign > 0, pos, n - pos)  # [N, K]
-    p0 = scipy.stats.norm.cdf(radius / sigma)
+    p0 = scipy.stats.norm.cdf(radius / sigma) if rule is None else threshold(rule, radius)
     raw = scipy.stats.binom.sf(agree - 1, n, p0)  # P[X >= k | p0]
     adjusted = holm_rows(raw, family)
     certified = family & (adjusted <= alpha)
@@ -209,10 +221,32 @@ def certify_concept_signs(select_positive: np.ndarray, n0: int, positive: np.nda
     for size in np.unique(m[m > 0]):  # one Clopper–Pearson level α/m per family size
         rows = m == size
         p_lower[rows] = clopper_pearson_lower(agree[rows], n, alpha / size)
-    radii = np.where(family & (p_lower > 0.5), sigma * special.ndtri(p_lower), 0.0)
+    if rule is None:
+        reach = sigma * special.ndtri(p_lower)
+    else:
+        reach = np.nan_to_num(rule.radius(p_lower, 1.0 - p_lower), nan=0.0)
+    radii = np.where(family & (p_lower > 0.5), reach, 0.0)
     return ConceptCertificate(sign=np.where(family, sign, 0).astype(np.int8), p_value=adjusted,
                               certified=certified, radius=radii,
                               all_certified=np.all(certified | ~family, axis=1))
+
+
+def threshold(rule: Any, radius: float) -> float:
+    """``p*(R)``: the smallest agreement probability p whose two-sided radius
+    ``rule.radius(p, 1 − p)`` reaches R (bisection to 1e-12; 1.0 where none does; ½ at R = 0)."""
+    def reaches(p: float) -> bool:
+        value = float(np.asarray(rule.radius(np.float64(p), np.float64(1.0 - p))))
+        return not np.isnan(value) and value >= radius
+
+    low, high = 0.5, 1.0 - 1e-15
+    if radius <= 0:
+        return 0.5
+    if not reaches(high):
+        return 1.0
+    while high - low > 1e-12:
+        mid = (low + high) / 2
+        low, high = (low, mid) if reaches(mid) else (mid, high)
+    return high
 
 
 def holm_rows(pvalues: np.ndarray, family: np.ndarray) -> np.ndarray:
@@ -376,4 +410,4 @@ __all__ = ["ConceptCertificate", "Explanation", "Judge", "as_judge", "bootstrap_
            "certify_concept_signs", "cited_precision_recall", "contributions",
            "counterfactual_consistency", "explain", "faithfulness", "holm_rows", "judge_scores",
            "known_answer_score", "pairwise_agreement", "rank_correlation", "score_sum",
-           "top_k_overlap", "verify_edit"]
+           "threshold", "top_k_overlap", "verify_edit"]

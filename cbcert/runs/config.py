@@ -235,8 +235,9 @@ class ClassesConfig(Section):
 class ExplainConfig(Section):
     """Explanations (``certify explain``, `cbcert.runs.explain`): top-k explanations of the
     concept models on ``inputs`` agreement inputs, their stability after an ε shift and τ
-    flips, certified concept signs (σ, R = ``radius`` or σ/4, n0, n, α), known-answer quality
-    and counterfactual edits (an ``explain`` cell of a sweep; built-in worlds)."""
+    flips, certified concept signs (σ, R = ``radius`` or σ/4, n0, n, α; with ``rho`` also
+    under concept flips at Hamming radius ``flip_radius``), known-answer quality and
+    counterfactual edits (an ``explain`` cell of a sweep; built-in worlds)."""
 
     models: tuple[str, ...] = field(default=("cbm", "cbmh"), metadata={"nonempty": True})
     inputs: int = field(default=100, metadata=rule("count"))
@@ -249,6 +250,8 @@ class ExplainConfig(Section):
     alpha: float = field(default=0.001, metadata=rule("alpha"))
     top_k: int = field(default=5, metadata=rule("count"))
     figure_inputs: int = 4
+    rho: float | None = None
+    flip_radius: int = field(default=1, metadata=rule("count"))
 
 
 _SECTIONS: Mapping[str, type[Section]] = types.MappingProxyType(

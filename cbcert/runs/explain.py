@@ -28,7 +28,14 @@ For the first ``num_inputs`` inputs of the std/cbm agreement set and every conce
 Writes ``explanations.jsonl`` (one record per input and model), ``summary.json`` (per model:
 means with percentile bootstrap 95 % intervals over inputs, seed-fixed) and ``explain.png`` (the
 first inputs: image and bars, clean and perturbed). A rerun recomputes everything (the run is
-small); ``run.json`` pins the settings as every run directory does.
+small); ``run.json`` pins the settings as every run directory does. With ``rho`` the cited
+concepts' signs are also certified under Bernoulli concept flips of c (Hamming radius, Lee et
+al.; streams SELECT/ESTIMATE of ``certify concept --rho ρ``): fields ``certified_flips``,
+``all_certified_flips``.
+
+Size: one runner for the whole explanation study (views, certificates, known answer,
+counterfactuals, figure, export) over ~450 lines; its kernels live in
+`cbcert.robustness.explain` and the perturb-run fields in `cbcert.runs.explanations`.
 """
 
 from __future__ import annotations
@@ -42,9 +49,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cbcert.certify.smoothing import smoothing
 from cbcert.concepts import concept_state, flip_pairs
 from cbcert.engine.keys import Stream, sample_key, stream_key
-from cbcert.engine.noise import FixedFlips, Gaussian, SphereShift
+from cbcert.engine.noise import BernoulliFlips, FixedFlips, Gaussian, SphereShift
 from cbcert.engine.sampler import map_inputs, map_samples
 from cbcert.generators.concept_world import label_of
 from cbcert.robustness import explain as ex
@@ -72,6 +80,8 @@ class ExplainJob:
         claimed (default σ / 4); n0, n: selection and estimation samples; alpha: family-wise α.
       top_k: explanation length; seed: root seed (pool, noise, bootstrap); figure_inputs: inputs
         drawn in ``explain.png`` (0: no figure).
+      rho: also certify the cited concepts' signs under Bernoulli concept flips of c with
+        probability ρ (Hamming radius ``flip_radius``), or None.
     """
 
     models: tuple[str, ...] = ("cbm", "cbmh")
@@ -86,6 +96,8 @@ class ExplainJob:
     top_k: int = ex.DEFAULT_TOP_K
     seed: int = 0
     figure_inputs: int = 4
+    rho: float | None = None
+    flip_radius: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "models", tuple(self.models))
@@ -100,6 +112,9 @@ class ExplainJob:
         validate("alpha", self.alpha, key="alpha")
         validate("count", self.top_k, key="top_k")
         validate("seed", self.seed, key="seed")
+        if self.rho is not None:
+            validate("rho", self.rho, key="rho")
+        validate("count", self.flip_radius, key="flip_radius")
         if not (np.isfinite(self.radius) and self.radius >= 0):
             raise ConfigError(f"radius={self.radius!r}: allowed range [0, inf)", key="radius",
                               value=self.radius, allowed="[0, inf)")
@@ -148,6 +163,16 @@ def _observations(world, job: ExplainJob, pool, memory: dict, progress) -> dict[
         counts[name] = map_samples(positive, params, pool.latents, noise, job.sigma,
                                    stream_key(root, stream), size, **common).sum(axis=1)
         progress(step, STEPS)
+    if job.rho is not None:
+        def positive_c(p, x_clean, x_noisy):
+            image = world.generator.image_from_concepts(p["gen"], x_noisy)
+            return world.concept_scores(p["clf"], image) > 0
+
+        for name, stream, size in (("flips_select", Stream.SELECT, job.n0),
+                                   ("flips_estimate", Stream.ESTIMATE, job.n)):
+            counts[name] = map_samples(positive_c, params, concepts, BernoulliFlips(k),
+                                       job.rho, stream_key(root, stream), size,
+                                       **common).sum(axis=1)
     return {"clean": map_inputs(latent, params, pool.latents, **memory),
             "clean_concept": map_inputs(concept, params, concepts, **memory),
             "eps": first(shifted), "tau": first(flipped), "counts": counts,
@@ -273,17 +298,23 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
                     ex.rank_correlation(contrib[reference], contrib[view],
                                         expl[reference].concepts, expl[view].concepts))
             cited = expl["clean"].cited(world.generator.num_concepts)
-            cert = ex.certify_concept_signs(obs["counts"]["select"], job.n0,
-                                            obs["counts"]["estimate"], job.n, job.sigma,
-                                            job.alpha, radius=job.radius, family=cited)
+            counts = obs["counts"]
+            certs = {"": ex.certify_concept_signs(counts["select"], job.n0, counts["estimate"],
+                                                  job.n, job.sigma, job.alpha,
+                                                  radius=job.radius, family=cited)}
+            if job.rho is not None:
+                certs["_flips"] = ex.certify_concept_signs(
+                    counts["flips_select"], job.n0, counts["flips_estimate"], job.n, None,
+                    job.alpha, radius=job.flip_radius, family=cited,
+                    rule=smoothing("bernoulli").radius_rule(job.rho, world.generator.num_concepts))
             precision, recall = ex.cited_precision_recall(expl["clean"].concepts, relevant)
             f1 = ex.known_answer_score(expl["clean"].concepts, relevant)
             edits = _counterfactuals(world, job, h, expl["clean_concept"].concepts,
                                      obs["clean_concept"], obs["concepts"], weights, memory)
             for row in range(job.num_inputs):
-                records.append(_record(pool, row, m, obs, h, expl, stability, cert, names,
+                records.append(_record(pool, row, m, obs, h, expl, stability, certs, names,
                                        (precision[row], recall[row], f1[row]), edits))
-            per_model[m] = _model_summary(stability, cert, precision, recall, f1, edits,
+            per_model[m] = _model_summary(stability, certs, precision, recall, f1, edits,
                                           job.seed)
             shown[m] = expl
         report(STEPS, STEPS)
@@ -304,7 +335,7 @@ def _edit_fields(fields: dict, index) -> dict:
     return {name: None if np.isnan(v[index]) else bool(v[index]) for name, v in fields.items()}
 
 
-def _record(pool, row, model, obs, h, expl, stability, cert, names, quality, edits) -> dict:
+def _record(pool, row, model, obs, h, expl, stability, certs, names, quality, edits) -> dict:
     cited_clean = [int(i) for i in expl["clean"].concepts[row] if i >= 0]
     cited_concept = expl["clean_concept"].concepts[row]
     return {
@@ -316,11 +347,13 @@ def _record(pool, row, model, obs, h, expl, stability, cert, names, quality, edi
                   "cited": _cited(expl[view], row, names),
                   "overlap": float(stability[view][0][row]),
                   "kendall": _float(stability[view][1][row])} for view in ("eps", "tau")},
-        "certified": [{"concept": i, "sign": int(cert.sign[row, i]),
-                       "stable_at_radius": bool(cert.certified[row, i]),
-                       "radius": float(cert.radius[row, i]),
-                       "p_holm": float(cert.p_value[row, i])} for i in cited_clean],
-        "all_certified": bool(cert.all_certified[row]),
+        **{f"certified{suffix}": [{"concept": i, "sign": int(cert.sign[row, i]),
+                                   "stable_at_radius": bool(cert.certified[row, i]),
+                                   "radius": float(cert.radius[row, i]),
+                                   "p_holm": float(cert.p_value[row, i])} for i in cited_clean]
+           for suffix, cert in certs.items()},
+        **{f"all_certified{suffix}": bool(cert.all_certified[row])
+           for suffix, cert in certs.items()},
         "precision": _float(quality[0]), "recall": _float(quality[1]),
         "f1": float(quality[2]),
         "counterfactuals": {
@@ -338,16 +371,17 @@ def _interval(values: np.ndarray, seed: int) -> dict[str, float] | None:
     return {"mean": mean, "low": low, "high": high, "inputs": int(len(values))}
 
 
-def _model_summary(stability, cert, precision, recall, f1, edits, seed) -> dict[str, Any]:
+def _model_summary(stability, certs, precision, recall, f1, edits, seed) -> dict[str, Any]:
     """Per model: means with bootstrap 95 % intervals over inputs (NaNs left out, counted)."""
     out = {f"{view}_{name}": _interval(np.asarray(values, np.float64), seed)
            for view, pair in stability.items()
            for name, values in zip(("overlap", "kendall"), pair, strict=True)}
-    out["all_cited_certified"] = _interval(cert.all_certified.astype(np.float64), seed)
-    with warnings.catch_warnings():  # an input citing nothing has no mean radius (NaN)
-        warnings.simplefilter("ignore", RuntimeWarning)
-        radius = np.nanmean(np.where(cert.sign != 0, cert.radius, np.nan), axis=1)
-    out["mean_certified_radius"] = _interval(radius, seed)
+    for suffix, cert in certs.items():
+        out[f"all_cited_certified{suffix}"] = _interval(cert.all_certified.astype(float), seed)
+        with warnings.catch_warnings():  # an input citing nothing has no mean radius (NaN)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            radius = np.nanmean(np.where(cert.sign != 0, cert.radius, np.nan), axis=1)
+        out[f"mean_certified_radius{suffix}"] = _interval(radius, seed)
     for name, values in (("precision", precision), ("recall", recall), ("f1", f1)):
         out[name] = _interval(np.asarray(values, np.float64), seed)
     for kind, fields in edits.items():

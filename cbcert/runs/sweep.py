@@ -191,7 +191,7 @@ def plan_cells(config: ExperimentConfig,
         job = explain_runner.ExplainJob(
             models=e.models, num_inputs=e.inputs, eps=e.eps, tau=e.tau, sigma=e.sigma,
             radius=e.radius, n0=e.n0, n=e.n, alpha=e.alpha, top_k=e.top_k, seed=w.seed,
-            figure_inputs=e.figure_inputs)
+            figure_inputs=e.figure_inputs, rho=e.rho, flip_radius=e.flip_radius)
         cells.append(Cell("explain", "explain", job))
     return tuple(cells)
 
