@@ -324,6 +324,7 @@ def test_explain_section_runs_a_cell_and_reports_a_table(world, tmp_path):
     assert json.loads((out / sweep.MANIFEST).read_text())["config"]["explain"]["inputs"] == 4
     assert "explain" not in ExperimentConfig().to_dict()
     write_report(out, log=lambda _: None)
+    assert (out / "report" / "explanations_explain.png").stat().st_size > 0
     rows = (out / "report" / "explanations.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * len(EXPLAIN_MEASURES)
     _, bad = _config(tmp_path, EXPLAIN.replace("n: 16,", "n: 16, tau: 13,"))

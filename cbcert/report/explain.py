@@ -1,4 +1,5 @@
-"""The figure of `certify explain`: images with their top-k concept bars, clean and perturbed."""
+"""Figures of explanations: `certify explain`'s images with their top-k concept bars, and the
+report's per-model comparison of an explain cell's measures."""
 
 from __future__ import annotations
 
@@ -40,4 +41,35 @@ def draw_explanations(rows: Sequence[Mapping[str, dict]], titles: Mapping[str, s
     return _save(fig, path)
 
 
-__all__ = ["draw_explanations"]
+def figure_explanations(summary: dict, path: Path) -> Path | None:
+    """Every measure of an explain cell (`cbcert.report.tables.EXPLAIN_MEASURES` that lie in
+    [0, 1]) as grouped bars per model with their 95 % bootstrap intervals; None without data."""
+    from cbcert.report.tables import EXPLAIN_MEASURES
+
+    models = list(summary["models"])
+    measures = [(key, label) for key, label in EXPLAIN_MEASURES
+                if "radius" not in key and any(summary["models"][m].get(key) for m in models)]
+    if not models or not measures:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(measures) * len(models)), 4.5))
+    width, bottom = 0.8 / len(models), 0.0
+    for i, model in enumerate(models):
+        entries = [summary["models"][model].get(key) for key, _ in measures]
+        means = [e["mean"] if e else np.nan for e in entries]
+        low = [e["mean"] - e["low"] if e else 0.0 for e in entries]
+        high = [e["high"] - e["mean"] if e else 0.0 for e in entries]
+        ax.bar(np.arange(len(measures)) + (i - (len(models) - 1) / 2) * width, means, width,
+               yerr=[low, high], capsize=2, label=model)
+        bottom = min(bottom, *(e["low"] for e in entries if e))  # Kendall τ may be negative
+    ax.set_xticks(range(len(measures)), [label for _, label in measures], rotation=35,
+                  ha="right", fontsize=7)
+    ax.set_ylim(bottom - 0.05 if bottom < 0 else 0.0, 1.05)
+    ax.set_ylabel("mean over inputs (95 % bootstrap interval)")
+    ax.set_title(f"Explanations of {summary['inputs']} inputs: stability, certificates, known "
+                 "answer, counterfactuals", fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+__all__ = ["draw_explanations", "figure_explanations"]

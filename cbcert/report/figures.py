@@ -265,6 +265,11 @@ def write_figures(cells: Sequence[CellResult], out: Path,
         if cell.kind == "classes":
             plans.append(("class_distances.png",
                           lambda p, c=cell: figure_class_distances(c.summary, p)))
+        if cell.kind == "explain":
+            from cbcert.report.explain import figure_explanations
+
+            plans.append((f"explanations_{cell.name}.png",
+                          lambda p, c=cell: figure_explanations(c.summary, p)))
     if not perturbs:
         log("note: no perturb cell; skipped pfr_vs_eps, pfr_vs_tau and cfr_dfs_vs_pfr")
     return draw_plans(plans, out, log, "no data for it in this run")
