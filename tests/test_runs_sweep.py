@@ -326,7 +326,8 @@ def test_explain_section_runs_a_cell_and_reports_a_table(world, tmp_path):
     write_report(out, log=lambda _: None)
     assert (out / "report" / "explanations_explain.png").stat().st_size > 0
     rows = (out / "report" / "explanations.csv").read_text().splitlines()
-    assert len(rows) == 1 + 2 * len(EXPLAIN_MEASURES)
+    latent_only = [key for key, _ in EXPLAIN_MEASURES if not key.endswith("_flips")]  # no rho
+    assert len(rows) == 1 + 2 * len(latent_only)
     _, bad = _config(tmp_path, EXPLAIN.replace("n: 16,", "n: 16, tau: 13,"))
     with pytest.raises(ConfigError, match=r"section 'explain': tau=13: allowed range \[1, K=12\]"):
         sweep.check_cells(sweep.plan_cells(bad, ("explain",)), world)
