@@ -24,6 +24,25 @@ _HOME = tempfile.mkdtemp(prefix="cbcert-test-home-")
 os.environ["CBCERT_HOME"] = _HOME
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+    """After each test module, drop every compiled XLA program (``jax.clear_caches``).
+
+    One pytest process compiles thousands of programs; each holds executable memory mappings,
+    and the full suite once died with a segmentation fault inside XLA's compiler after ~90 % of
+    the tests while each module alone passes — the signature of a per-process resource
+    (``vm.max_map_count`` = 65530 mappings here) running out. Tests within a module keep their
+    compilations (compile-once checks are per module).
+    """
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
 def pytest_sessionfinish(session, exitstatus):
     del session, exitstatus
     shutil.rmtree(_HOME, ignore_errors=True)
