@@ -11,8 +11,9 @@ from cbcert.cli import common
 from cbcert.cli.progress import bar
 from cbcert.runs.explain import ExplainJob
 
+# "explain": the world gives no concept head (runs.explanations.check), so --world is at fault.
 FLAGS = {"num_inputs": "--inputs", "top_k": "--top-k", "figure_inputs": "--figure-inputs",
-         "world": "--world", "flip_radius": "--flip-radius"}
+         "world": "--world", "flip_radius": "--flip-radius", "explain": "--world"}
 
 
 def _default(name: str):
