@@ -131,6 +131,19 @@ def check_classes(classes: Sequence[int], num_classes: int, name: str) -> tuple[
     return tuple(int(c) for c in values)
 
 
+def resolve_class_index(class_index, num_classes: int, suffix: str = "") -> tuple[int, ...]:
+    """``classes`` of a conditional generator's ``class_index``: ``()`` for one class (an integer
+    in ``[0, num_classes)``), the checked list (`check_classes`) for several; ValueError
+    ``class_index=…; allowed: 0..C-1 or a list of them<suffix>`` otherwise."""
+    if isinstance(class_index, list | tuple):
+        return check_classes(class_index, num_classes, "class_index")
+    if (not isinstance(class_index, int | np.integer) or isinstance(class_index, bool)
+            or not 0 <= class_index < num_classes):
+        raise ValueError(f"class_index={class_index!r}; allowed: 0..{num_classes - 1} "
+                         f"or a list of them{suffix}")
+    return ()
+
+
 def condition_labels(classes: tuple[int, ...], class_index: int | None, num_classes: int,
                      latent_dim: int) -> Callable[[Array], Array]:
     """The label function of a conditional ``g1``: ``x[B, ·] -> onehot[B, num_classes]``.

@@ -25,10 +25,9 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from cbcert.generators.base import Generator, check_classes, condition_labels
+from cbcert.generators.base import Generator, condition_labels, resolve_class_index
 from cbcert.generators.cbae import CBAE
 from cbcert.nn.layers import PatchConv, conv2d
 
@@ -268,12 +267,7 @@ def biggan_generator(model: BigGAN, class_index: int | Sequence[int], truncation
     * ``g2(h) = (synthesize(h, truncation) + 1) / 2`` in [0, 1], NHWC.
     """
     config = model.config
-    listed = isinstance(class_index, list | tuple)
-    classes = check_classes(class_index, config.num_classes, "class_index") if listed else ()
-    if not listed and (not isinstance(class_index, int | np.integer) or isinstance(
-            class_index, bool) or not 0 <= class_index < config.num_classes):
-        raise ValueError(f"class_index={class_index!r}; allowed: 0..{config.num_classes - 1} "
-                         "or a list of them")
+    classes = resolve_class_index(class_index, config.num_classes)
     stats_index(truncation, config.n_stats)  # validates truncation early
     if cbae is not None and (cbae.config.num_ws, cbae.config.latent_dim) != (
             1, config.condition_dim):

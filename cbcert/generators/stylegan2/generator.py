@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from cbcert.generators.base import Generator, check_classes, condition_labels
+from cbcert.generators.base import Generator, condition_labels, resolve_class_index
 from cbcert.generators.cbae import CBAE
 from cbcert.generators.stylegan2.network import StyleGAN2
 
@@ -43,13 +42,8 @@ def stylegan2_generator(model: StyleGAN2, cbae: CBAE | None = None,
     if not config.c_dim and class_index is not None:
         raise ValueError(f"class_index={class_index!r}; this StyleGAN2 is unconditional "
                          "(c_dim=0) and takes no class")
-    listed = isinstance(class_index, list | tuple)
-    classes = check_classes(class_index, config.c_dim, "class_index") if listed else ()
-    if not listed and class_index is not None and (
-            not isinstance(class_index, int | np.integer) or isinstance(class_index, bool)
-            or not 0 <= class_index < config.c_dim):
-        raise ValueError(f"class_index={class_index!r}; allowed: 0..{config.c_dim - 1} "
-                         f"or a list of them (c_dim={config.c_dim})")
+    classes = () if class_index is None else resolve_class_index(
+        class_index, config.c_dim, f" (c_dim={config.c_dim})")
     if cbae is not None and (cbae.config.latent_dim, cbae.config.num_ws) != (config.w_dim,
                                                                              config.num_ws):
         raise ValueError(f"CB-AE latent (num_ws={cbae.config.num_ws}, latent_dim="
