@@ -307,3 +307,23 @@ def test_concept_head_gives_contributions_that_sum_to_the_cbm_logit():
                                rtol=1e-4, atol=1e-4)
     e = explain(c)
     assert (e.concepts[:, 0] >= 0).all() and jnp.all(jnp.isfinite(e.shares))
+
+
+def test_prototype_head_gives_contributions_that_sum_to_the_proto_logit():
+    """The shipped world's prototype net: ``Σ_j s_j W[y, j]`` is the proto logit of every class
+    (its readout has no bias), and each prototype's owner is the class its weight favours."""
+    from cbcert.robustness.explain import contributions
+
+    world = load_builtin("default")
+    z = jax.random.normal(jax.random.key(1), (16, world.generator.latent_dim))
+    params = world.params
+    images = world.latent_images(params, z)
+    s = np.asarray(world.prototypes(params["clf"], images), np.float64)
+    logits = np.asarray(world.classify(params["clf"], images, ("proto",)))[:, 0]
+    w, owner = (np.asarray(a) for a in world.prototype_head(params["clf"]))
+    assert w.shape == (world.num_classes, s.shape[1]) and owner.shape == (s.shape[1],)
+    for y in range(world.num_classes):
+        c = contributions(s, w, np.full(16, y))
+        np.testing.assert_allclose(c.sum(axis=1), logits[:, y], rtol=1e-4, atol=1e-4)
+    assert (s > 0).all()  # log((d + 1) / (d + 1e-4)) > 0
+    assert (np.argmax(w, axis=0) == owner).all()

@@ -175,8 +175,11 @@ def test_pcbm_with_float64_head_matches_pytorch(backbone, bank, tmp_path):
                                                    concept_bank_path=bank[1])
     assert checkpoint.concept_names == tuple(bank[0]["names"]) and not checkpoint.hybrid
     x = images(16, 32, seed=14)
-    apply_fn, params = pure_apply(model, lambda m, x: (m(x), m.concept_scores(x)))
-    logits, scores = jax.jit(apply_fn)(params, x)
+    apply_fn, params = pure_apply(model, lambda m, x: (m(x), m.concept_scores(x),
+                                                       *m.class_head()))
+    logits, scores, w, b = jax.jit(apply_fn)(params, x)
+    np.testing.assert_allclose(np.asarray(scores) @ np.asarray(w).T + np.asarray(b), logits,
+                               rtol=1e-5, atol=1e-5)  # the head as (W, b): explanations
     expected = reference_logits(reference, head, x)
     assert np.abs(expected[0]).max() > 0.1
     assert_parity(logits, *expected, "pcbm logits")
@@ -192,11 +195,18 @@ def test_binary_single_logit_becomes_zero_and_logit(backbone, bank, tmp_path):
     save_as_upstream(head, tmp_path / "binary.ckpt")
     model, _ = pcbm.pcbm_from_checkpoints(tmp_path / "binary.ckpt", "resnet18", tensors)
     x = images(32, 32, seed=16)
-    logits = np.asarray(jax.jit(lambda m, x: m(x))(model, x))
+    logits, r, w, b = (np.asarray(a, np.float64) for a in jax.jit(
+        lambda m, x: (m(x), m.concept_scores(x), *m.class_head()))(model, x))
     single = reference_logits(reference, head, x)  # [B, 1] each
     assert logits.shape == (32, 2)
     np.testing.assert_array_equal(logits[:, 0], 0.0)
     assert_parity(logits[:, 1:], *single, "pcbm binary logit")
+    # As a two-class head (explanations): r Wᵀ + b = the logits up to a shift common to both
+    # classes, W = [-w/2 ; w/2]: same softmax, evidence ∓ r_i w_i / 2 for each class.
+    two = r @ w.T + b
+    np.testing.assert_allclose(two[:, 1] - two[:, 0], logits[:, 1] - logits[:, 0], rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(w[0], -w[1])
 
 
 def test_hybrid_matches_pytorch_and_round_trips(backbone, bank, tmp_path):

@@ -183,12 +183,19 @@ def test_logits_match_pytorch(config, layers, tmp_path):
     model, loaded_config = pixpnet.pixpnet_from_checkpoint(ckpt, yaml_path)
     assert loaded_config == config
     x = images(16, 32, seed=33)  # 16 x (3..5) classes: the 32+ outputs a parity check needs
-    apply_fn, params = pure_apply(model)
-    logits = np.asarray(jax.jit(apply_fn)(params, x))
+    apply_fn, params = pure_apply(model, lambda m, x: (m(x), m.similarities(x),
+                                                       *m.class_weights()))
+    logits, s, w, owner = (np.asarray(a) for a in jax.jit(apply_fn)(params, x))
     expected = torch_pair(reference, float64_copy(reference), x)
     assert logits.shape == (16, config.num_classes)
     assert np.abs(expected[0]).max() > 0.1
     assert_parity(logits, *expected, f"pixpnet {config.feature_extractor} {config.distance}")
+    # The readout as weights (explanations: contributions s_j W[y, j]): logits = s Wᵀ.
+    np.testing.assert_allclose(s @ w.T, logits, rtol=1e-5, atol=1e-5)
+    p, c = config.num_prototypes, config.num_classes
+    grouped = np.arange(p) // (p // c)
+    expected_owner = np.argmax(w, axis=0) if config.readout_type == "linear" else grouped
+    np.testing.assert_array_equal(owner, expected_owner)
 
 
 def test_bottleneck_add_on_layers_halve_to_the_prototype_dim():

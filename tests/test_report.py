@@ -218,3 +218,35 @@ def test_markdown_merges_mean_and_sd_columns():
     assert table.to_markdown().splitlines()[2:] == [
         "| budget | pfr | p |", "|---|---|---|", "| eps0.1 | 0.1235 ± 0.01 | – |"]
     assert table.to_csv() == "budget,pfr_mean,pfr_sd,p\neps0.1,0.123456,0.01,\n"
+
+
+def test_perturb_explanation_table_and_figure(tmp_path):
+    """A perturb cell run with ``explain``: one table row per budget and explaining model (the
+    comparison against the first model on the other models' rows), and a figure with a column
+    per budget kind; cells without explanations give neither."""
+    from cbcert.report.explain import figure_perturb_explanations
+
+    def budget(kind, value, proto_overlap):
+        stat = {"mean": 0.8, "sd": 0.05}
+        return {"kind": kind, "value": value,
+                "overlap": {"cbm": stat, "proto": {"mean": proto_overlap, "sd": 0.1}},
+                "kendall": {"cbm": stat, "proto": {"mean": None, "sd": None}},
+                "comparisons": [{"model_a": "cbm", "model_b": "proto", "metric": "overlap",
+                                 "delta": 0.8 - proto_overlap, "pvalue": 0.01,
+                                 "pvalue_holm": 0.03}]}
+
+    summary = {"explanations": [budget("eps", 0.1, 0.6), budget("eps", 0.5, 0.4),
+                                budget("tau", 1, 0.5)]}
+    cell = cells.CellResult("perturb", "perturb", {}, summary)
+    (table,) = tables.explain_tables([cell])
+    assert table.name == "perturb_explanations"
+    assert len(table.rows) == 6
+    proto = [r for r in table.rows if r[2] == "proto"]
+    assert [r[7:] for r in proto] == [(pytest.approx(0.2), 0.01, 0.03),
+                                      (pytest.approx(0.4), 0.01, 0.03),
+                                      (pytest.approx(0.3), 0.01, 0.03)]
+    assert all(r[7:] == (None, None, None) for r in table.rows if r[2] == "cbm")
+    path = figure_perturb_explanations(summary, tmp_path / "stability.png")
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    assert figure_perturb_explanations({}, tmp_path / "none.png") is None
+    assert tables.explain_tables([cells.CellResult("p", "perturb", {}, {})]) == []

@@ -41,6 +41,19 @@ def test_tiny_shares_are_dropped_and_bad_arguments_named():
         ex.contributions(np.ones((1, 3)), np.ones((2, 3)), np.array([2]))
 
 
+def test_device_members_are_the_cited_set_of_explain():
+    """`top_k_members` (jax) cites exactly what `explain` (numpy) cites: random rows with ties
+    (values on a coarse grid), zeros, all-zero rows, tiny shares under the floor, k above K."""
+    rng = np.random.default_rng(0)
+    c = rng.integers(-6, 7, size=(400, 12)).astype(np.float32) / 4  # many exact ties
+    c[:40] = 0.0
+    c[40:80, :3] *= 1000  # the rest fall under the 1 % floor
+    for k in (1, 5, 12, 20):
+        members = np.asarray(ex.top_k_members(c, k))
+        np.testing.assert_array_equal(members, ex.explain(c, k).cited(12))
+    assert not np.asarray(ex.top_k_members(c, 5))[:40].any()
+
+
 def test_overlap_and_rank_correlation():
     a = np.array([[0, 1, 2], [3, -1, -1], [-1, -1, -1]])
     b = np.array([[2, 1, 4], [3, -1, -1], [-1, -1, -1]])

@@ -218,6 +218,46 @@ def test_keys_depend_on_model_eps_and_input_only():
     assert data(keys[0]) == data(keys[2]) != data(keys[1])
 
 
+def test_explanations_at_the_clean_and_the_adversarial_point(tmp_path):
+    """``explain`` on the shipped world: the clean explanation is the model's own (concepts for
+    cbm, prototypes for proto, recomputed here), a negligible budget keeps every explanation
+    (overlap 1), the summary carries the means, and a run without the option pins the same
+    settings as before it existed."""
+    from cbcert.robustness import explain as ex
+    from cbcert.worlds.builtin import load_builtin
+
+    world = load_builtin("default")
+    job = AttackJob(eps=(1e-6, 0.5), iters=2, models=("cbm", "proto"), num_inputs=4, batch=4,
+                    explain=True)
+    summary = run(world, job, tmp_path / "x", chunk_size=16)
+    records = _records(tmp_path / "x")
+    pool = agreement_pool(world, 0, 4)
+    params = world.params
+    images = world.latent_images(params, jnp.asarray(pool.latents))
+    logits = np.asarray(world.classify(params["clf"], images, ("cbm", "proto")))
+    activations = {"cbm": (np.asarray(world.concept_scores(params["clf"], images)),
+                           np.asarray(world.concept_head(params["clf"])[0])),
+                   "proto": (np.asarray(world.prototypes(params["clf"], images)),
+                             np.asarray(world.prototype_head(params["clf"])[0]))}
+    for r in records:
+        h = ("cbm", "proto").index(r["model"])
+        row = pool.indices.tolist().index(r["index"])
+        a, w = activations[r["model"]]
+        e = ex.explain(ex.contributions(a[row:row + 1], w, logits[row:row + 1, h].argmax(-1)))
+        assert [u for u, _ in r["explain"]["clean"]] == [int(u) for u in e.concepts[0] if u >= 0]
+        if r["eps"] == 1e-6:
+            kendall = r["explain"]["kendall"]  # τ-b = 1 up to scipy's float rounding
+            assert r["explain"]["overlap"] == 1.0
+            assert kendall is None or kendall == pytest.approx(1.0, abs=1e-12)
+    for m in ("cbm", "proto"):
+        tiny, large = summary["models"][m]["budgets"]
+        assert tiny["explanation_overlap"] == 1.0
+        assert 0.0 <= large["explanation_overlap"] <= 1.0
+    pinned = json.loads((tmp_path / "x" / "run.json").read_text())
+    assert json.dumps(pinned).count('"explain": true') == 1
+    assert "explain" not in dataclasses.replace(job, explain=False).settings()
+
+
 @pytest.mark.parametrize("smoothed", [False, True])
 def test_records_do_not_depend_on_batch(tmp_path, smoothed):
     # Random starts, restarts and EOT noise follow the input, not its batch: batch 4
@@ -268,6 +308,9 @@ def test_smoothed_attack_attacks_inputs_whose_eot_estimate_is_wrong(tmp_path):
     ({"smoothed": True}, "sigma"),
     ({"space": "concept", "smoothed": True}, "rho"),
     ({"scale": 0.1}, "smoothed"),
+    ({"explain": True, "smoothed": True, "scale": 0.1}, "base attacks only"),
+    ({"explain": True, "models": ("std",)}, "name no model that explains"),
+    ({"explain": 1}, "true or false"),
 ])
 def test_job_rejects_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -301,11 +344,15 @@ def linear_cli(monkeypatch):
     (["--sigma", "0.1"], "--smoothed"),
     (["--space", "concept", "--smoothed", "--sigma", "0.1"], "--sigma"),
     (["--models", "std,nope"], "--models"),
+    (["--explain", "--models", "std"], "--explain"),
+    (["--explain", "--models", "proto"], "--world"),  # the linear world has no prototypes
+    (["--explain", "--smoothed", "--sigma", "0.1"], "--explain"),
 ])
 def test_cli_rejects_bad_values_with_exit_2(linear_cli, tmp_path, args, flag):
     result = linear_cli.invoke(cli.main, ["attack", "--out", str(tmp_path / "o"), *args])
     assert result.exit_code == 2, result.output
     assert flag in result.output
+    assert not (tmp_path / "o").exists()  # nothing pinned: a corrected rerun may use --out
 
 
 def test_cli_runs_prints_the_table_and_resumes(linear_cli, tmp_path):

@@ -40,22 +40,68 @@ def test_records_cover_every_input_and_model(finished, world):
     assert [(r["model"], r["index"]) for r in records] == [
         (m, i) for m in JOB.models for i in agreement_pool(world, 1, 6).indices.tolist()]
     assert (out / FIGURE).stat().st_size > 0
-    assert set(summary["models"]) == {"cbm", "cbmh"}
+    assert set(summary["models"]) == {"cbm", "cbmh", "proto"}
     assert "all_cited_certified_flips" in summary["models"]["cbm"]
+    assert "all_cited_certified_flips" in summary["models"]["proto"]
+    assert "f1" not in summary["models"]["proto"]  # prototypes name no concept
     for r in records:
-        cited = [c["concept"] for c in r["cited"]]
+        unit = "prototype" if r["model"] == "proto" else "concept"
+        cited = [c[unit] for c in r["cited"]]
         assert 1 <= len(cited) <= 5
         assert sum(abs(c["share"]) for c in r["cited"]) <= 1 + 1e-9
         # Each certificate's family is exactly the cited concepts.
         for suffix in ("", "_flips"):
-            assert [c["concept"] for c in r[f"certified{suffix}"]] == cited
+            assert [c[unit] for c in r[f"certified{suffix}"]] == cited
             assert r[f"all_certified{suffix}"] == all(
                 c["stable_at_radius"] for c in r[f"certified{suffix}"])
         assert all(c["radius"] == int(c["radius"]) for c in r["certified_flips"])  # Hamming
         for view in ("eps", "tau"):
             assert 0.0 <= r[view]["overlap"] <= 1.0
         for c in r["certified"]:
-            assert c["sign"] in (-1, 1) and c["radius"] >= 0
+            assert c["radius"] >= 0
+            if unit == "concept":
+                assert c["sign"] in (-1, 1)
+            else:  # a prototype is claimed stable only where the noise keeps it cited
+                assert c["cited_under_noise"] or not (c["stable_at_radius"] or c["radius"])
+        assert ("counterfactuals" in r) == (unit == "concept")
+
+
+def test_prototype_explanations_are_the_proto_heads_contributions(finished, world):
+    """proto records cite the top prototype contributions ``s_j W[y, j]`` of the clean image,
+    named after the class each prototype was made for."""
+    out, _ = finished
+    pool = agreement_pool(world, 1, 6)
+    params = world.params
+    images = world.latent_images(params, jnp.asarray(pool.latents))
+    s = np.asarray(world.prototypes(params["clf"], images), np.float64)
+    w, owner = (np.asarray(a) for a in world.prototype_head(params["clf"]))
+    for r in _records(out):
+        if r["model"] != "proto":
+            continue
+        row = list(pool.indices).index(r["index"])
+        c = s[row] * w[r["prediction"]]
+        top = np.argsort(-np.abs(c), kind="stable")[:5]
+        cited = [e["prototype"] for e in r["cited"]]
+        assert cited == top[:len(cited)].tolist()
+        for e in r["cited"]:
+            assert e["name"] == f"p{e['prototype']} ({world.class_names[owner[e['prototype']]]})"
+            assert e["share"] == pytest.approx(c[e["prototype"]] / np.abs(c[top]).sum(),
+                                               rel=1e-4, abs=1e-6)
+
+
+def test_cited_prototypes_are_certified_under_negligible_noise(world, tmp_path):
+    """With σ = 1e-4 the noisy images are the clean image to float32 precision, so the device
+    membership rule (`top_k_members`) must cite exactly what the host `explain` cites on all 32
+    estimation samples: every cited prototype is then certified at R = σ/4 (one-sided p-value
+    Φ(1/4)^32 ≈ 7e-8 before Holm, far under α = 0.001). A device rule that cited a different
+    set would fail here."""
+    job = ExplainJob(models=("proto",), num_inputs=4, sigma=1e-4, n0=10, n=32, figure_inputs=0,
+                     seed=2)
+    summary = run(world, job, tmp_path / "p", chunk_size=64)
+    records = _records(tmp_path / "p")
+    assert len(records) == 4 and all(r["all_certified"] for r in records)
+    assert all(c["cited_under_noise"] for r in records for c in r["certified"])
+    assert summary["models"]["proto"]["all_cited_certified"]["mean"] == 1.0
 
 
 def test_known_answer_and_counterfactuals_follow_the_class_rule(finished, world):
@@ -68,6 +114,8 @@ def test_known_answer_and_counterfactuals_follow_the_class_rule(finished, world)
     c = world.generator.concepts(world.params["gen"], jnp.asarray(pool.latents))
     state = np.asarray(concept_state(c, world.generator.num_concepts))
     for r in _records(out):
+        if r["model"] == "proto":
+            continue
         row = list(pool.indices).index(r["index"])
         relevant = state[row] & patterns[r["true_label"]]
         cited = [c["concept"] for c in r["cited"]]
@@ -88,12 +136,14 @@ def test_export_is_the_documented_format(finished, world, tmp_path):
     out, _ = finished
     count = export(out, world, tmp_path / "judge.json")
     data = json.loads((tmp_path / "judge.json").read_text())
-    assert (data["format"], data["version"], count) == (EXPORT_FORMAT, 1, 12)
+    assert (data["format"], data["version"], count) == (EXPORT_FORMAT, 1, 18)
     assert data["concept_names"] == list(world.generator.concept_names)
     first = data["explanations"][0]
     assert set(first) == {"id", "index", "model", "prediction", "label", "concepts"}
     assert first["prediction"] in data["class_names"]
     assert all(c["name"] in data["concept_names"] for c in first["concepts"])
+    proto = [e for e in data["explanations"] if e["model"] == "proto"]
+    assert len(proto) == 6 and all("prototypes" in e and "concepts" not in e for e in proto)
 
 
 def test_bad_settings_are_named():

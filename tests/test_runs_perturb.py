@@ -303,9 +303,11 @@ def test_explanations_are_recorded_and_summarised(world, tmp_path):
     (overlap 1, τ 1), and the summary reports overlap and τ per budget with the paired test of
     cbm against cbmh (the same function in the untrained world: Δ = 0, p = 1)."""
     from cbcert.robustness import explain as ex
+    from cbcert.runs import explanations
     from cbcert.schema import ConfigError
 
-    job = dataclasses.replace(JOB, tau=(1,), models=("std", "cbm", "cbmh"), explain=True)
+    job = dataclasses.replace(JOB, tau=(1,), models=("std", "cbm", "cbmh", "proto"),
+                              explain=True)
     result = run(world, job, tmp_path, chunk_size=CHUNK)
     tiny = _lines(tmp_path / "eps1e-06.jsonl")
     z = np.concatenate([pool_latents(world, job.seed, r["index"], 1) for r in tiny[:4]])
@@ -319,20 +321,33 @@ def test_explanations_are_recorded_and_summarised(world, tmp_path):
         cited = record["clean"]["explain"]["cbm"]
         assert [c for c, _ in cited] == [int(c) for c in concepts if c >= 0]
         np.testing.assert_allclose([s for _, s in cited], shares[concepts >= 0], atol=1e-5)
+    s = np.asarray(world.prototypes(params["clf"], images))  # proto cites its prototypes
+    pred = np.asarray(world.classify(params["clf"], images, ("proto",)))[:, 0].argmax(axis=1)
+    expected = ex.explain(ex.contributions(s, np.asarray(world.prototype_head(params["clf"])[0]),
+                                           pred))
+    for record, units in zip(tiny, expected.concepts, strict=False):
+        assert [u for u, _ in record["clean"]["explain"]["proto"]] == [
+            int(u) for u in units if u >= 0]
     for record in tiny:
         for sample in record["samples"]:
-            for m in ("cbm", "cbmh"):
+            for m in ("cbm", "cbmh", "proto"):
                 assert sample["explain"][m]["overlap"] == 1.0
-                assert sample["explain"][m]["kendall"] in (1.0, None)
+                kendall = sample["explain"][m]["kendall"]  # 1 up to scipy's float rounding
+                assert kendall is None or kendall == pytest.approx(1.0, abs=1e-12)
     rows = {(row["kind"], row["value"]): row for row in result.summary["explanations"]}
     assert set(rows) == {("eps", 1e-6), ("eps", 0.5), ("tau", 1)}
     assert rows[("eps", 1e-6)]["overlap"]["cbm"] == {"mean": 1.0, "sd": 0.0}
     assert rows[("eps", 0.5)]["overlap"]["cbm"]["mean"] < 1.0  # the large shift moves some
-    (test,) = rows[("eps", 0.5)]["comparisons"]
+    test, proto = rows[("eps", 0.5)]["comparisons"]
     assert (test["model_b"], test["delta"], test["pvalue"], test["pvalue_holm"]) == (
         "cbmh", 0.0, 1.0, 1.0)
+    assert proto["model_b"] == "proto" and 0.0 <= proto["pvalue_holm"] <= 1.0
     assert result.summary["settings"]["explain"] is True
     assert "explain" not in JOB.settings()  # runs without it pin what they always pinned
-    with pytest.raises(ConfigError, match=r"explain: models \['std', 'proto'\] name no concept"):
-        run(world, dataclasses.replace(JOB, models=("std", "proto"), explain=True),
+    assert job.settings()["explained_models"] == ["cbm", "cbmh", "proto"]
+    with pytest.raises(ConfigError, match=r"explain: models \['std', 'std'\] name no model"):
+        explanations.check(world, ("std", "std"))
+    headless = dataclasses.replace(world, concept_head=None)
+    with pytest.raises(ConfigError, match="does not expose its CBM's concept head"):
+        run(headless, dataclasses.replace(JOB, models=("std", "cbm"), explain=True),
             tmp_path / "other", chunk_size=CHUNK)

@@ -327,7 +327,31 @@ def test_explain_section_runs_a_cell_and_reports_a_table(world, tmp_path):
     assert (out / "report" / "explanations_explain.png").stat().st_size > 0
     rows = (out / "report" / "explanations.csv").read_text().splitlines()
     latent_only = [key for key, _ in EXPLAIN_MEASURES if not key.endswith("_flips")]  # no rho
-    assert len(rows) == 1 + 2 * len(latent_only)
+    # proto: stability and certificates only (no known answer, no concept counterfactuals)
+    proto = [k for k in latent_only if k.startswith(("eps_", "tau_", "all_cited", "mean_cert"))]
+    assert len(proto) == 6
+    assert len(rows) == 1 + 2 * len(latent_only) + len(proto)
     _, bad = _config(tmp_path, EXPLAIN.replace("n: 16,", "n: 16, tau: 13,"))
     with pytest.raises(ConfigError, match=r"section 'explain': tau=13: allowed range \[1, K=12\]"):
         sweep.check_cells(sweep.plan_cells(bad, ("explain",)), world)
+
+
+def test_attack_section_records_explanations_when_asked(world, tmp_path):
+    """``attack.explain: true`` reaches the attack job; configs without it pin what they always
+    pinned; a world without the explaining heads is refused before any cell runs, naming the
+    section and key."""
+    import dataclasses
+
+    text = "preset: smoke\nname: ax\nattack: {eps: [0.01], explain: true}\n"
+    _, cfg = _config(tmp_path, text)
+    (cell,) = sweep.plan_cells(cfg, ("attack",))
+    assert cell.job.explain and cell.job.explained == ("cbm", "proto")
+    assert "explain" not in ExperimentConfig().to_dict()["attack"]
+    assert cfg.to_dict()["attack"]["explain"] is True
+    sweep.check_cells([cell], world)  # the built-in world exposes both heads
+    headless = dataclasses.replace(world, prototypes=None)
+    with pytest.raises(ConfigError, match="section 'attack', key 'explain'.*prototype network"):
+        sweep.check_cells([cell], headless)
+    _, smoothed = _config(tmp_path, text.replace("explain: true", "explain: true, smoothed: true"))
+    with pytest.raises(ConfigError, match="base attacks only"):
+        sweep.plan_cells(smoothed, ("attack",))

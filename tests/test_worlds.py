@@ -299,6 +299,60 @@ def test_cli_runs_on_a_world_directory(world_dir, tmp_path, command, scale):
     assert by_model["std"] == by_model["cbm"]
 
 
+def test_a_world_directory_explains_by_its_pcbm_head_and_pixpnet_readout(world, world_dir,
+                                                                         tmp_path):
+    """The directory world's explanation heads reproduce their models' logits (cbm: ``r Wᵀ +
+    b``; proto: ``s Wᵀ``), and `certify explain` runs on it: stability and certificates for
+    cbm and proto, no known answer and no counterfactuals (a world directory has no class
+    rule), the table printed."""
+    params = world.params
+    z = jax.random.normal(jax.random.key(0), (8, world.generator.latent_dim))
+    images = world.latent_images(params, z)
+    logits = np.asarray(world.classify(params["clf"], images, ("cbm", "proto")), np.float64)
+    r = np.asarray(world.concept_scores(params["clf"], images), np.float64)
+    w, b = (np.asarray(a, np.float64) for a in world.concept_head(params["clf"]))
+    np.testing.assert_allclose(r @ w.T + b, logits[:, 0], rtol=1e-4, atol=1e-4)
+    s = np.asarray(world.prototypes(params["clf"], images), np.float64)
+    w, owner = world.prototype_head(params["clf"])
+    np.testing.assert_allclose(s @ np.asarray(w, np.float64).T, logits[:, 1], rtol=1e-4,
+                               atol=1e-4)
+    assert np.asarray(owner).shape == (4,) and world.metadata["concept_head_models"] == ["cbm"]
+    out = tmp_path / "explain"
+    result = CliRunner().invoke(cli.main, ["explain", "--world", str(world_dir), "--models",
+                                           "cbm,proto", "--inputs", "2", "--n0", "5", "--n",
+                                           "10", "--figure-inputs", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "top-k overlap after an ε shift" in result.output
+    records = [json.loads(line) for line in (out / "explanations.jsonl").read_text().splitlines()]
+    assert sorted(r["model"] for r in records) == ["cbm", "cbm", "proto", "proto"]
+    for r in records:
+        assert r["true_label"] is None and "f1" not in r and "counterfactuals" not in r
+        assert len(r["certified"]) == len(r["cited"]) >= 1
+        if r["model"] == "cbm":  # the PCBM's own concept bank (K = 2 here), not the CB-AE's
+            assert {c["name"] for c in r["cited"]} <= {"concept 0", "concept 1"}
+
+
+def test_cbmh_is_explained_by_the_cbm_head_only_if_it_shares_the_bottleneck(world_dir):
+    """PCBM-h keeps the PCBM's backbone, CAVs and head and adds a residual: then the cbm's
+    concept head explains both; a cbmh with another CAV does not share it."""
+    from cbcert.worlds.directory import _concept_head_models
+
+    cbm, _ = registry.load_module(world_dir / "cbm")
+    config = PCBMConfig(backbone="resnet18", backbone_classes=len(CLASSES),
+                        num_concepts=len(CLASSES), head_outputs=len(CLASSES),
+                        residual_outputs=len(CLASSES))
+    cbmh = random_module(lambda rngs: PCBM(config, rngs=rngs), 5)
+    for name in ("backbone", "head"):
+        nnx.update(getattr(cbmh, name), nnx.state(getattr(cbm, name)))
+    for name in ("cavs", "intercepts", "norms"):
+        getattr(cbmh, name).set_value(getattr(cbm, name)[...])
+    params = {"cbm": nnx.state(cbm), "cbmh": nnx.state(cbmh)}
+    assert _concept_head_models(params) == ["cbm", "cbmh"]
+    cbmh.cavs.set_value(cbmh.cavs[...].at[0, 0].add(1.0))
+    assert _concept_head_models({**params, "cbmh": nnx.state(cbmh)}) == ["cbm"]
+    assert _concept_head_models({"cbm": params["cbm"]}) == ["cbm"]
+
+
 @pytest.mark.parametrize("edit,message", [
     (lambda m: m.update(colour="red"), "unknown key 'colour' in top level"),
     (lambda m: m["generator"].update(psi=0.5), "unknown key 'psi' in generator"),

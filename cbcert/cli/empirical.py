@@ -186,6 +186,9 @@ def _print_explanations(rows: list[dict], world) -> None:
               help="Inputs per APGD call (unit of progress and resumption).")
 @click.option("--models", default=",".join(_attack_default("models")), show_default=True,
               help="Comma-separated models, each attacked on its own.")
+@click.option("--explain", is_flag=True,
+              help="Record cbm/cbmh/proto explanations at the clean and the adversarial point "
+                   "(base attacks).")
 @common.world_option()
 @click.option("--seed", type=int, default=_attack_default("seed"), show_default=True,
               help="Root seed of the pool, the random starts and all noise.")
@@ -197,8 +200,8 @@ def _print_explanations(rows: list[dict], world) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss: str,
            smoothed: bool, sigma: float | None, rho: float | None, eot: int, n: int,
-           alpha: float, inputs: int, batch: int, models: str, world_name: str, seed: int,
-           out: Path | None, chunk_size: int | None, max_memory: int | None,
+           alpha: float, inputs: int, batch: int, models: str, explain: bool, world_name: str,
+           seed: int, out: Path | None, chunk_size: int | None, max_memory: int | None,
            quiet: bool) -> None:
     """APGD through generator and classifier: clean and robust accuracy per model and ε.
 
@@ -215,7 +218,8 @@ def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss
     with common.bad_input():
         job = AttackJob(space=space, eps=eps, norm=norm, iters=iters, restarts=restarts,
                         loss=loss, smoothed=smoothed, scale=scale, eot=eot, n=n, alpha=alpha,
-                        models=common.names(models), seed=seed, num_inputs=inputs, batch=batch)
+                        models=common.names(models), seed=seed, num_inputs=inputs, batch=batch,
+                        explain=explain)
     common.check_memory(chunk_size, max_memory)
     suffix = f"-smoothed-{of_space(space).key}{value_name(scale)}" if smoothed else ""
     out = common.writable_out(out or Path("results") / f"attack-{space}{suffix}-seed{seed}")

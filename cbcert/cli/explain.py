@@ -22,7 +22,7 @@ def _default(name: str):
 
 @click.command()
 @click.option("--models", default=",".join(_default("models")), show_default=True,
-              help="Concept models to explain (cbm, cbmh).")
+              help="Models to explain: cbm, cbmh (concepts), proto (prototypes).")
 @click.option("--inputs", "num_inputs", type=int, default=_default("num_inputs"),
               show_default=True, help="Agreement inputs explained.")
 @click.option("--eps", type=float, default=_default("eps"), show_default=True,
@@ -64,9 +64,9 @@ def explain(models: str, num_inputs: int, eps: float, tau: int, sigma: float,
             figure_inputs: int, world_name: str, seed: int, out: Path | None,
             export_path: Path | None, chunk_size: int | None, max_memory: int | None,
             quiet: bool) -> None:
-    """Explanations of the concept models: how stable they are under a latent shift and concept
-    flips, which cited concepts keep their sign provably (certified), and how well they cite the
-    concepts that define the class (known answer; built-in worlds).
+    """Explanations of the concept models (and proto's prototypes): how stable they are under a
+    latent shift and concept flips, which cited units stay provably (certified), and how well
+    they cite the concepts that define the class (known answer; built-in worlds).
 
     Example: certify explain --inputs 100 --eps 0.3 --tau 1 --sigma 0.1
     """
@@ -101,23 +101,25 @@ def _print(summary: dict, world, job: ExplainJob, out: Path) -> None:
 
     from cbcert.report.tables import EXPLAIN_MEASURES
 
+    measured = summary["models"]
     rows = [(label.replace(" at R", f" at R = {job.radius:g}"), key)
-            for key, label in EXPLAIN_MEASURES if key in summary["models"][job.models[0]]]
+            for key, label in EXPLAIN_MEASURES if any(key in measured[m] for m in job.models)]
     table = Table(title=f"{world.name}: explanations of {job.num_inputs} agreement inputs "
                         f"(top {job.top_k}; ε = {job.eps:g}, τ = {job.tau}, σ = {job.sigma:g})")
     table.add_column("measure")
     for m in job.models:
         table.add_column(m, justify="right")
-    for label, key in rows:
-        table.add_row(label, *(cell(summary["models"][m][key]) for m in job.models))
+    for label, key in rows:  # "–": undefined, or not measured for that model (proto)
+        table.add_row(label, *(cell(measured[m].get(key)) for m in job.models))
     common.console.print(table)
+    edited = [m for m in job.models if "single_edits" in measured[m]]
     discarded = ", ".join(
-        f"{m}: {sum(summary['models'][m][f'{k}_edits']['discarded'] for k in ('single', 'all'))}"
-        f" of {sum(summary['models'][m][f'{k}_edits']['attempted'] for k in ('single', 'all'))}"
-        for m in job.models)
-    common.console.print(f"mean [95 % bootstrap interval over inputs]; counterfactual edits "
-                         f"discarded by the concept read-out: {discarded}; records, summary and "
-                         f"figure in {out}/")
-
+        f"{m}: {sum(measured[m][f'{k}_edits']['discarded'] for k in ('single', 'all'))}"
+        f" of {sum(measured[m][f'{k}_edits']['attempted'] for k in ('single', 'all'))}"
+        for m in edited)
+    edits = (f"counterfactual edits discarded by the concept read-out: {discarded}; "
+             if edited else "")
+    common.console.print(f"mean [95 % bootstrap interval over inputs]; {edits}records, summary "
+                         f"and figure in {out}/")
 
 COMMANDS = [explain]

@@ -123,6 +123,24 @@ class PCBM(nnx.Module):
         """Concept margins of images: ``[B, H, W, 3] -> [B, K]``."""
         return self.margins(self.embed(x))
 
+    def class_head(self) -> tuple[jax.Array, jax.Array]:
+        """The linear head on the margins as ``(W[C, K], b[C])``: the concept part of the
+        logits is ``r Wᵀ + b`` (PCBM-h adds its residual on e).
+
+        A multi-class head gives its own weights. A single-logit head ``t = r·w + b0`` gives
+        ``W = [-w/2 ; w/2]``, ``b = [-b0/2, b0/2]`` for a plain binary PCBM (logits ``[0, t]``
+        up to the shift ``-t/2`` common to both classes: the same softmax and argmax, and the
+        contributions ``∓ r_i w_i / 2`` are the evidence for each class), and ``w``, ``b0``
+        repeated for every class where the single logit broadcasts onto a residual head.
+        """
+        w, b0 = self.head.kernel[...].T, self.head.bias[...]  # [head_outputs, K], [head]
+        c = self.config.num_classes
+        if self.config.head_outputs == c:
+            return w, b0
+        if self.residual is not None:
+            return jnp.tile(w, (c, 1)), jnp.tile(b0, c)
+        return jnp.concatenate([-w / 2, w / 2]), jnp.concatenate([-b0 / 2, b0 / 2])
+
     def logits_from_embedding(self, embedding: jax.Array) -> jax.Array:
         """Class logits from ``e``: ``[B, D] -> [B, num_classes]`` (see module docstring)."""
         out = self.head(self.margins(embedding))  # [B, head_outputs]

@@ -261,6 +261,21 @@ class PixPNet(nnx.Module):
             return jnp.log(1.0 / (d + self.config.epsilon) + 1.0)
         return 1.0 - d if self.config.distance == "cosine" else -d
 
+    def class_weights(self) -> tuple[jax.Array, jax.Array]:
+        """The readout as ``(W[C, P], owner[P])``: logits ``= s Wᵀ`` (no bias) and the class
+        each prototype belongs to: its group ``j // (P/C)`` for the ``sparse`` and ``proto``
+        readouts (W zero outside the group; ones for ``proto``), the class its weight favours
+        most (``argmax_c W[c, j]``) for the ``linear`` one."""
+        p, c = self.config.num_prototypes, self.config.num_classes
+        if self.readout is not None:
+            w = self.readout.kernel[...].T  # [C, P]
+            return w, jnp.argmax(w, axis=0)
+        owner = jnp.arange(p) // (p // c)
+        group = jax.nn.one_hot(owner, c, dtype=jnp.float32).T  # [C, P]
+        if self.readout_weight is None:
+            return group, owner
+        return group * self.readout_weight[...].reshape(-1)[None, :], owner
+
     def __call__(self, x: jax.Array) -> jax.Array:
         """Class logits: ``[B, H, W, 3] -> [B, num_classes]``."""
         s = self.similarities(x)  # [B, P]

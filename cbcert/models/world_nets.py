@@ -141,10 +141,17 @@ class PrototypeLayer(nnx.Module):
         )
         return jnp.min(jax.nn.relu(d2), axis=(1, 2))
 
+    def similarities(self, t):
+        """Log similarities ``log((d + 1) / (d + 1e-4))``: ``[B, h, w, Cin] -> [B, P]``."""
+        return _log_similarity(self.distances(t))
+
     def __call__(self, t):
         d = self.distances(t)
-        sim = jnp.log((d + 1.0) / (d + 1e-4))  # [B, P]
-        return sim @ self.last[...], d
+        return _log_similarity(d) @ self.last[...], d  # [B, C], [B, P]
+
+
+def _log_similarity(d):
+    return jnp.log((d + 1.0) / (d + 1e-4))
 
 
 class WorldClassifiers(nnx.Module):
@@ -184,6 +191,11 @@ class WorldClassifiers(nnx.Module):
             else:
                 out.append(self.proto(t)[0])
         return jnp.stack(out, axis=1)
+
+    def prototype_similarities(self, x):
+        """The proto head's prototype similarities ``s``: ``[B, H, W, 3] -> [B, P]``
+        (``proto`` logits ``= s · last``)."""
+        return self.proto.similarities(self.backbone.trunk(x))
 
     def concept_scores(self, x):
         """PCBM concept scores ``r``: ``[B, H, W, 3] -> [B, K]``; concept i is on iff r_i > 0."""

@@ -72,4 +72,34 @@ def figure_explanations(summary: dict, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-__all__ = ["draw_explanations", "figure_explanations"]
+def figure_perturb_explanations(summary: dict, path: Path) -> Path | None:
+    """A perturb cell run with ``explain``: top-k overlap and Kendall τ of every explaining
+    model against the budget, one column per budget kind (ε, τ, σ, ρ), mean ± sd over the PFR
+    subsets; None without explanation data."""
+    rows = summary.get("explanations") or []
+    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    if not kinds:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, len(kinds), squeeze=False, figsize=(4.0 * len(kinds), 6.0))
+    for col, kind in enumerate(kinds):
+        budgets = [r for r in rows if r["kind"] == kind]
+        values = [r["value"] for r in budgets]
+        for row, measure in enumerate(("overlap", "kendall")):
+            ax = axes[row, col]
+            for model in budgets[0][measure]:
+                mean = [np.nan if r[measure][model]["mean"] is None else r[measure][model]["mean"]
+                        for r in budgets]
+                sd = [0.0 if r[measure][model]["sd"] is None else r[measure][model]["sd"]
+                      for r in budgets]
+                ax.errorbar(values, mean, yerr=sd, marker="o", capsize=2, label=model)
+            ax.set_xlabel(kind)
+            ax.set_ylabel(f"top-k {measure}" if measure == "overlap" else "Kendall τ")
+            ax.set_ylim(-1.05 if measure == "kendall" else 0.0, 1.05)
+            ax.legend(fontsize=7)
+    fig.suptitle("Explanation stability under perturbation (mean ± sd over subsets)",
+                 fontsize=9)
+    return _save(fig, path)
+
+
+__all__ = ["draw_explanations", "figure_explanations", "figure_perturb_explanations"]

@@ -251,6 +251,11 @@ def write_figures(cells: Sequence[CellResult], out: Path,
             plans.append((f"{prefix}pfr_vs_{kind}.png",
                           lambda p, c=cell, k=kind: figure_pfr(c, k, p)))
         plans.append((f"{prefix}cfr_dfs_vs_pfr.png", lambda p, c=cell: figure_flips_vs_pfr(c, p)))
+        if "explanations" in cell.summary:
+            from cbcert.report.explain import figure_perturb_explanations
+
+            plans.append((f"{prefix}explanation_stability.png",
+                          lambda p, c=cell: figure_perturb_explanations(c.summary, p)))
     for cell in cells:
         if cell.kind == "certify":
             plans.append((f"certified_accuracy_{cell.name}.png",

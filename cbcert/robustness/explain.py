@@ -1,8 +1,10 @@
 """Explanations of concept models and what a perturbation does to them (SPEC §8).
 
-Pure numpy/scipy in float64, on host, like `cbcert.robustness.stats`. A concept model explains
-its prediction ``y`` by its concept contributions ``c_i = a_i · W[y, i]`` (activation times the
-head weight of the predicted class; for a PCBM ``a = r``, the concept scores). This module turns
+Pure numpy/scipy in float64, on host, like `cbcert.robustness.stats` (one exception:
+`top_k_members`, the cited set inside a jitted sampler). A concept model explains its prediction
+``y`` by its contributions ``c_i = a_i · W[y, i]`` (activation times the head weight of the
+predicted class; for a PCBM ``a = r``, the concept scores; for a prototype network ``a = s``,
+the prototype similarities, and the "concepts" below are its prototypes). This module turns
 them into ranked top-k explanations, compares clean and perturbed explanations, certifies the
 sign of smoothed concept scores, checks explanation-driven counterfactual edits, and scores
 explanations against a known answer or with external judges.
@@ -10,6 +12,9 @@ explanations against a known answer or with external judges.
 Array conventions: ``N`` explanations (inputs, or inputs × samples flattened), ``K`` concepts,
 ``C`` classes, ``k`` the explanation length. Cited concepts are concept indices with ``-1``
 padding where fewer than k are cited.
+
+Size: ~430 lines, the explanation kernels of SPEC §8 in one place (explanations, stability,
+certificates, counterfactual checks, known answer, judges), each a few short functions.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import scipy.stats
 from scipy import special
@@ -99,6 +105,22 @@ def explain(contrib: np.ndarray, k: int = DEFAULT_TOP_K,
         concepts = np.pad(concepts, ((0, 0), (0, pad)), constant_values=-1)
         shares = np.pad(shares, ((0, 0), (0, pad)))
     return Explanation(concepts, shares)
+
+
+def top_k_members(contrib, k: int = DEFAULT_TOP_K, floor: float = DEFAULT_FLOOR):
+    """On device (jax, traceable): ``[B, K]`` bool, concept i is cited by `explain` of row b.
+
+    The same rule as `explain` in the input's dtype: ``rank_i = #{j : |c_j| > |c_i|} + #{j < i :
+    |c_j| = |c_i|}``, cited iff ``rank_i < min(k, K)``, ``Σ_top-k |c| > 0`` and ``|c_i| ≥ floor ·
+    Σ_top-k |c|``. O(B K²) memory: meant for heads of tens to hundreds of units.
+    """
+    a = jnp.abs(contrib)  # [B, K]
+    index = jnp.arange(a.shape[1])
+    before = (a[:, None, :] > a[:, :, None]) | ((a[:, None, :] == a[:, :, None])
+                                                  & (index[None, :] < index[:, None]))
+    top = before.sum(axis=2) < min(int(k), a.shape[1])  # [B, K]
+    total = jnp.sum(jnp.where(top, a, 0), axis=1, keepdims=True)
+    return top & (total > 0) & (a >= floor * total)
 
 
 def top_k_overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -33,6 +33,14 @@ Keys (all from ``--seed``; ``root = jax.random.key(seed)``):
   for the clean and the adversarial point alike (common random numbers); independent of
   the EOT noise the attacker saw.
 
+With ``explain`` (base attacks), each record of a model that explains (``cbm``, ``cbmh`` by
+concepts, ``proto`` by prototypes; `cbcert.runs.explanations`) adds ``explain``: the model's
+top-5 explanation at the clean and at the adversarial point (``clean``, ``adversarial``:
+``[[unit, share], ...]``), their Jaccard ``overlap`` and Kendall τ-b (``kendall``, null where
+undefined); the summary adds per model and ε the mean overlap and τ over inputs (overall and
+over the inputs the attack fooled). Cost: one forward pass of the attacked model at the clean
+and at the adversarial point per (batch, model, ε).
+
 Per-input records go to ``records.jsonl`` as each (batch, model, ε) unit finishes; a rerun
 with the same output directory skips finished units, and the resumed summary equals an
 uninterrupted run's.
@@ -50,7 +58,10 @@ import numpy as np
 
 from cbcert.certify.cohen import ABSTAIN
 from cbcert.certify.smoothing import of_space
+from cbcert.engine.sampler import map_inputs
+from cbcert.runs import explanations
 from cbcert.runs.attacker import Attacker
+from cbcert.runs.budgets import observer
 from cbcert.runs.certify import check_models
 from cbcert.runs.directory import (
     RECORDS,
@@ -69,6 +80,8 @@ from cbcert.runs.directory import (
 from cbcert.runs.lock import hold
 from cbcert.runs.pool import agreement_pool, space_inputs
 from cbcert.schema import ConfigError, validate
+
+EXPLAINS = explanations.EXPLAINED
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,8 @@ class AttackJob:
       models: models attacked, each on its own.
       seed: root seed; num_inputs: inputs attacked (agreement set, pool order).
       batch: inputs per APGD call (unit of progress and of resumption).
+      explain: record the explaining models' explanations at the clean and the adversarial
+        point (base attacks; module docstring).
     """
 
     space: Literal["latent", "concept"] = "latent"
@@ -106,6 +121,7 @@ class AttackJob:
     seed: int = 0
     num_inputs: int = 64
     batch: int = 16
+    explain: bool = False
 
     def __post_init__(self) -> None:
         noise = of_space(self.space)
@@ -128,6 +144,26 @@ class AttackJob:
         validate("alpha", self.alpha, key="alpha")
         validate("seed", self.seed, key="seed")
         check_models(self.models)
+        if not isinstance(self.explain, bool):
+            raise _error("explain", self.explain, "expected true or false")
+        if self.explain and self.smoothed:
+            raise _error("explain", True, "explanations are recorded for base attacks only (a "
+                                          "smoothed prediction has no single forward pass)")
+        if self.explain and not self.explained:
+            raise _error("explain", True, f"models {list(self.models)} name no model that "
+                                          f"explains ({', '.join(EXPLAINS)})")
+
+    @property
+    def explained(self) -> tuple[str, ...]:
+        """The attacked models whose explanations are recorded (with ``explain``)."""
+        return tuple(m for m in self.models if m in EXPLAINS)
+
+    def settings(self) -> dict[str, Any]:
+        """What the records depend on, JSON-ready (pinned in ``run.json``)."""
+        d = asdict(self)
+        if not self.explain:  # runs from before the option pin the same settings
+            del d["explain"]
+        return d
 
     @property
     def noise_name(self) -> str:
@@ -163,6 +199,8 @@ def run(
     """
     out = Path(out)
     world.check_models(job.models)
+    if job.explain:
+        explanations.check(world, job.explained)
     check_writable(out)
     with hold(out):
         return _run(world, job, out, progress, chunk_size, max_memory)
@@ -197,7 +235,7 @@ def records_of(path: Path, job: AttackJob, indices) -> list[dict]:
 
 
 def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> dict[str, Any]:
-    open_run_dir(out, world_pin({"job": asdict(job), "world": world.name}, world))
+    open_run_dir(out, world_pin({"job": job.settings(), "world": world.name}, world))
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
     records_path = out / RECORDS
@@ -205,6 +243,7 @@ def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> 
     done = {(r["index"], r["model"], r["eps"]) for r in records}
     inputs = space_inputs(world, pool.latents, job.space, **memory)
     attacker = Attacker(world, job, **memory)
+    explainer = _Explainer(world, job, memory) if job.explain else None
 
     units = [
         (b, m, float(e))
@@ -235,10 +274,14 @@ def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> 
                 tic = time.perf_counter()
                 adv = attacker.attack(model, eps, x, labels, idx)
                 seconds = (time.perf_counter() - tic) / len(rows)
+                explained = (explainer(model, x, adv["point"])
+                             if explainer and model in job.explained else None)
                 for r, i in enumerate(idx):
                     if (int(i), model, eps) in done:
                         continue
                     record = _record(int(i), model, eps, int(labels[r]), clean[model], adv, r)
+                    if explained is not None:
+                        record["explain"] = explained[r]
                     sink.write(json_line({**record, **pool.input_fields(rows[r]),
                                           "seconds": seconds}))
                 sink.flush()
@@ -250,6 +293,26 @@ def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> 
     summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
     write_json(out / SUMMARY, summary)
     return summary
+
+
+class _Explainer:
+    """``(model, x[v], x_adv[v]) -> [v]`` explanation fields of one model at the clean and the
+    adversarial points (`cbcert.runs.explanations.record_fields` with one "sample")."""
+
+    def __init__(self, world, job: AttackJob, memory: dict):
+        self.world, self.space, self.memory = world, job.space, memory
+        self.heads = explanations.heads(world, job.explained)
+
+    def __call__(self, model: str, x: np.ndarray, x_adv: np.ndarray) -> list[dict]:
+        observe = observer(self.world, self.space, (model,), True,
+                           prototypes=model == explanations.PROTO)
+        clean, adv = (map_inputs(observe, self.world.params, a, **self.memory)
+                      for a in (x, x_adv))
+        adv = {name: value[:, None] for name, value in adv.items()}  # one "sample"
+        fields = explanations.record_fields({model: self.heads[model]}, (model,), clean, adv)
+        return [{"clean": c[model], "adversarial": a[0][model]["cited"],
+                 "overlap": a[0][model]["overlap"], "kendall": a[0][model]["kendall"]}
+                for c, a in zip(*fields, strict=True)]
 
 
 def _record(index, model, eps, label, clean, adv, r) -> dict[str, Any]:
@@ -274,7 +337,8 @@ def _record(index, model, eps, label, clean, adv, r) -> dict[str, Any]:
 
 
 def summarize_records(records: list[dict], job: AttackJob) -> dict[str, Any]:
-    """Per model: clean accuracy, and per ε robust accuracy, abstain rate, mean norm and loss.
+    """Per model: clean accuracy, and per ε robust accuracy, abstain rate, mean norm and loss
+    (with ``explain``: ``explanation_{overlap,kendall}[_fooled]``, `_explanation_means`).
 
     Clean accuracy is read from the first budget's records (all budgets share the clean
     prediction). Abstentions (``ABSTAIN``) count as wrong. Records are sorted by input index,
@@ -311,10 +375,23 @@ def summarize_records(records: list[dict], job: AttackJob) -> dict[str, Any]:
                     "adversarial_abstain_rate": _mean(adv == ABSTAIN),
                     "mean_perturbation_norm": _mean([r["perturbation_norm"] for r in rows]),
                     "mean_loss": _mean([r["loss"] for r in rows if r["loss"] is not None]),
+                    **_explanation_means(rows),
                 }
             )
         result["models"][model] = {"clean_accuracy": clean_acc, "budgets": per_eps}
     return result
+
+
+def _explanation_means(rows: list[dict]) -> dict[str, float | None]:
+    """Mean explanation overlap and Kendall τ (defined ones) at the adversarial point, over
+    all inputs and over those whose adversarial prediction is wrong; {} without explanations."""
+    if not rows or "explain" not in rows[0]:
+        return {}
+    fooled = [r for r in rows if r["adversarial_prediction"] != r["label"]]
+    return {f"explanation_{name}{suffix}": _mean([r["explain"][name] for r in subset
+                                                  if r["explain"][name] is not None])
+            for suffix, subset in (("", rows), ("_fooled", fooled))
+            for name in ("overlap", "kendall")}
 
 
 def _mean(values) -> float | None:

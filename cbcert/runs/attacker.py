@@ -163,7 +163,8 @@ class Attacker:
         return {"lower": lower, "upper": upper}
 
     def attack(self, model: str, eps: float, x, labels, idx) -> dict[str, np.ndarray]:
-        """Attack ``x[v, *event]`` (global inputs ``idx[v]``) at budget ε; fields ``[v]``.
+        """Attack ``x[v, *event]`` (global inputs ``idx[v]``) at budget ε; fields ``[v]``
+        (``point``: the adversarial inputs ``[v, *event]``).
 
         Runs APGD on sub-batches of `chunk` inputs (the last padded), so no call holds more
         than the memory budget whatever ``--batch`` is.
@@ -201,6 +202,7 @@ class Attacker:
         )
         x_adv = np.asarray(x_adv)[:valid]
         fields = {
+            "point": x_adv,  # [v, *event] the adversarial inputs
             "loss": np.asarray(info.loss)[:valid],
             "perturbation_norm": np.asarray(info.perturbation_norm)[:valid],
             "attack_fooled": np.asarray(info.fooled)[:valid],

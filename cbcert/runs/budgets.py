@@ -50,14 +50,16 @@ def budget_name(kind: str, value: float) -> str:
     return f"{kind}{value_name(value)}"
 
 
-def observer(world, space: str, models: tuple[str, ...], scores: bool) -> Callable:
+def observer(world, space: str, models: tuple[str, ...], scores: bool, *,
+             prototypes: bool = False) -> Callable:
     """Pure ``observe(params, x[B, *event]) -> dict`` of what a record needs about an image.
 
     ``x`` is a latent ``z[B, d]`` (space ``latent``: image ``g(z)``, concepts ``c = E(g1(z))``)
     or a concept representation ``c[B, 2K + U]`` (space ``concept``: image ``g2(D(c))``).
 
     Returns ``{"pred": int32[B, H] argmax of every model, "state": bool[B, K] = C(c)}`` plus
-    ``"scores": [B, K]`` the CBM's concept scores r (for DFS) when ``scores``.
+    ``"scores": [B, K]`` the CBM's concept scores r (for DFS) when ``scores``, and
+    ``"prototypes": [B, P]`` the prototype similarities (`World.prototypes`) when ``prototypes``.
     """
     gen = world.generator
     k = gen.num_concepts
@@ -70,6 +72,8 @@ def observer(world, space: str, models: tuple[str, ...], scores: bool) -> Callab
                "state": concept_state(c, k)}
         if scores:
             out["scores"] = world.concept_scores(params["clf"], image)  # [B, K]
+        if prototypes:
+            out["prototypes"] = world.prototypes(params["clf"], image)  # [B, P]
         return out
 
     return observe

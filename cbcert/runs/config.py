@@ -211,8 +211,10 @@ class AttackConfig(_LaterKeys, Section):
     rho: float = field(default=0.2, metadata=rule("rho"))
     # Cell name of this section ("auto": derived from space and smoothing).
     name: str = "auto"
+    # Record cbm/proto explanations at the clean and adversarial points (base attacks).
+    explain: bool = False
 
-    _later_keys = types.MappingProxyType({"name": "auto"})
+    _later_keys = types.MappingProxyType({"name": "auto", "explain": False})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -234,12 +236,14 @@ class ClassesConfig(Section):
 @dataclass(frozen=True)
 class ExplainConfig(Section):
     """Explanations (``certify explain``, `cbcert.runs.explain`): top-k explanations of the
-    concept models on ``inputs`` agreement inputs, their stability after an ε shift and τ
-    flips, certified concept signs (σ, R = ``radius`` or σ/4, n0, n, α; with ``rho`` also
-    under concept flips at Hamming radius ``flip_radius``), known-answer quality and
-    counterfactual edits (an ``explain`` cell of a sweep; built-in worlds)."""
+    concept models and the prototype network on ``inputs`` agreement inputs, their stability
+    after an ε shift and τ flips, certified concept signs / prototype membership (σ, R =
+    ``radius`` or σ/4, n0, n, α; with ``rho`` also under concept flips at Hamming radius
+    ``flip_radius``), known-answer quality and counterfactual edits of the concept models (an
+    ``explain`` cell of a sweep; known answer and counterfactuals on built-in worlds)."""
 
-    models: tuple[str, ...] = field(default=("cbm", "cbmh"), metadata={"nonempty": True})
+    models: tuple[str, ...] = field(default=("cbm", "cbmh", "proto"),
+                                    metadata={"nonempty": True})
     inputs: int = field(default=100, metadata=rule("count"))
     eps: float = field(default=0.3, metadata=rule("eps"))
     tau: int = field(default=1, metadata=rule("count"))

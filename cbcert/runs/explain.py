@@ -1,7 +1,14 @@
 """`certify explain`: concept-model explanations on clean and perturbed inputs, their certified
-stability and their known-answer quality (built-in worlds).
+stability and their known-answer quality (where the world knows its class rule).
 
-For the first ``num_inputs`` inputs of the std/cbm agreement set and every concept model m:
+Size: one runner for the whole explanation study (views, certificates, known answer,
+counterfactuals, prototype membership, figure, export) over ~520 lines; its kernels live in
+`cbcert.robustness.explain` and the explaining heads and record fields in
+`cbcert.runs.explanations`.
+
+For the first ``num_inputs`` inputs of the std/cbm agreement set and every concept model m
+(``cbm``, ``cbmh``; and ``proto``, the prototype network, whose "concepts" are its prototypes —
+below):
 
 * the clean explanation (top-k contributions ``r_i · W[y, i]``, `cbcert.robustness.explain`),
   and the explanations after a latent shift ``z + ε u`` (u on the unit sphere, the perturb run's
@@ -25,6 +32,18 @@ For the first ``num_inputs`` inputs of the std/cbm agreement set and every conce
   present, ``r_i > 0`` — citing their absence is fine; undefined for edits that switch none
   off).
 
+The prototype network (``proto``) explains its prediction by prototype contributions ``s_j ·
+W[y, j]`` (similarity times its readout weight, `World.prototype_head`); its records cite
+prototypes (``{"prototype": j, "name": "p<j> (<class it was made for>)", "share"}``). It gets
+the ε/τ stability and, instead of concept signs, **certified top-k membership**: for each cited
+prototype, the smoothed indicator "cited by the explanation of the noisy image's own
+prediction" (`cbcert.robustness.explain.top_k_members` on device), selected and tested exactly
+as a concept sign (Holm over the cited prototypes), claimed stable only where the selected
+value is "cited". Known-answer scores and concept counterfactuals do not apply to prototypes
+(they name no concept of the world) and are left out of its records and summary; they are
+left out for every model on worlds without a known class rule (world directories:
+`has_class_rule`), where the rest runs as on built-in worlds.
+
 Writes ``explanations.jsonl`` (one record per input and model), ``summary.json`` (per model:
 means with percentile bootstrap 95 % intervals over inputs, seed-fixed) and ``explain.png`` (the
 first inputs: image and bars, clean and perturbed). A rerun recomputes everything (the run is
@@ -32,16 +51,12 @@ small); ``run.json`` pins the settings as every run directory does. With ``rho``
 concepts' signs are also certified under Bernoulli concept flips of c (Hamming radius, Lee et
 al.; streams SELECT/ESTIMATE of ``certify concept --rho ρ``): fields ``certified_flips``,
 ``all_certified_flips``.
-
-Size: one runner for the whole explanation study (views, certificates, known answer,
-counterfactuals, figure, export) over ~450 lines; its kernels live in
-`cbcert.robustness.explain` and the perturb-run fields in `cbcert.runs.explanations`.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +81,8 @@ from cbcert.schema import ConfigError, validate
 RECORDS = "explanations.jsonl"
 STEPS = 5  # progress: pool, shifts and flips, selection, estimation, explanations
 FIGURE = "explain.png"
+PROTO = explanations.PROTO
+EXPLAINED = explanations.EXPLAINED
 
 
 @dataclass(frozen=True)
@@ -73,7 +90,7 @@ class ExplainJob:
     """Settings of `certify explain` (module docstring).
 
     Attributes:
-      models: concept models explained (``cbm``, ``cbmh``).
+      models: models explained (``cbm``, ``cbmh``, ``proto``).
       num_inputs: agreement inputs explained.
       eps: latent shift norm ε > 0; tau: concepts flipped, 1..K.
       sigma: latent noise σ of the concept certificate; radius: R ≥ 0 at which stability is
@@ -84,7 +101,7 @@ class ExplainJob:
         probability ρ (Hamming radius ``flip_radius``), or None.
     """
 
-    models: tuple[str, ...] = ("cbm", "cbmh")
+    models: tuple[str, ...] = ("cbm", "cbmh", "proto")
     num_inputs: int = 100
     eps: float = 0.3
     tau: int = 1
@@ -121,21 +138,24 @@ class ExplainJob:
         if not (isinstance(self.figure_inputs, int) and 0 <= self.figure_inputs):
             raise ConfigError(f"figure_inputs={self.figure_inputs!r}: allowed range [0, inf)",
                               key="figure_inputs", value=self.figure_inputs, allowed="[0, inf)")
-        unknown = [m for m in self.models if m not in explanations.EXPLAINED]
+        unknown = [m for m in self.models if m not in EXPLAINED]
         if unknown or not self.models:
             detail = (f"got {list(self.models)}; explained models: "
-                      f"{', '.join(explanations.EXPLAINED)}")
+                      f"{', '.join(EXPLAINED)}")
             raise ConfigError(f"models: {detail}", key="models", value=self.models,
                               detail=detail)
 
 
 def _observations(world, job: ExplainJob, pool, memory: dict, progress) -> dict[str, dict]:
-    """Observer outputs (``pred``, ``state``, ``scores``) of the clean, ε-shifted and τ-flipped
-    images, and the sign counts of the concept certificate (``progress(step, STEPS)``)."""
+    """Observer outputs (``pred``, ``state``, ``scores``, ``prototypes`` with proto) of the
+    clean, ε-shifted and τ-flipped images, and the certificates' counts: ``counts[phase]`` =
+    ``{"signs": [N, K] (r_i > 0), "members": [N, P] (prototype cited, with proto)}`` for the
+    phases ``select``, ``estimate`` (and ``flips_*`` with ρ); ``progress(step, STEPS)``."""
     params, root = world.params, jax.random.key(job.seed)
     k = world.generator.num_concepts
-    latent = observer(world, "latent", job.models, True)
-    concept = observer(world, "concept", job.models, True)
+    proto = PROTO in job.models
+    latent = observer(world, "latent", job.models, True, prototypes=proto)
+    concept = observer(world, "concept", job.models, True, prototypes=proto)
     concepts = encode_inputs(world, pool.latents, **memory)
     common = dict(indices=pool.indices, **memory)
 
@@ -152,27 +172,38 @@ def _observations(world, job: ExplainJob, pool, memory: dict, progress) -> dict[
     flipped = map_samples(on_noisy(concept), params, concepts, FixedFlips(k), job.tau,
                           stream_key(root, Stream.SEMANTIC), 1, **common)
 
+    def events(p, image):
+        out = {"signs": world.concept_scores(p["clf"], image) > 0}  # [B, K]
+        if proto:  # proto logits are s Wᵀ (World.prototype_head)
+            w, _ = world.prototype_head(p["clf"])  # [C, P]
+            s = world.prototypes(p["clf"], image)  # [B, P]
+            y = jnp.argmax(s @ w.T, axis=-1)
+            out["members"] = ex.top_k_members(s * w[y], job.top_k)  # [B, P]
+        return out
+
     def positive(p, x_clean, x_noisy):
-        return world.concept_scores(p["clf"], world.latent_images(p, x_noisy)) > 0
+        return events(p, world.latent_images(p, x_noisy))
+
+    def total(out):
+        return jax.tree.map(lambda a: np.asarray(a).sum(axis=1), out)
 
     progress(2, STEPS)
     noise = world.noise(Gaussian(), "latent")
     counts = {}
     for step, (name, stream, size) in enumerate((("select", Stream.SELECT, job.n0),
                                                  ("estimate", Stream.ESTIMATE, job.n)), 3):
-        counts[name] = map_samples(positive, params, pool.latents, noise, job.sigma,
-                                   stream_key(root, stream), size, **common).sum(axis=1)
+        counts[name] = total(map_samples(positive, params, pool.latents, noise, job.sigma,
+                                         stream_key(root, stream), size, **common))
         progress(step, STEPS)
     if job.rho is not None:
         def positive_c(p, x_clean, x_noisy):
-            image = world.generator.image_from_concepts(p["gen"], x_noisy)
-            return world.concept_scores(p["clf"], image) > 0
+            return events(p, world.generator.image_from_concepts(p["gen"], x_noisy))
 
         for name, stream, size in (("flips_select", Stream.SELECT, job.n0),
                                    ("flips_estimate", Stream.ESTIMATE, job.n)):
-            counts[name] = map_samples(positive_c, params, concepts, BernoulliFlips(k),
-                                       job.rho, stream_key(root, stream), size,
-                                       **common).sum(axis=1)
+            counts[name] = total(map_samples(positive_c, params, concepts, BernoulliFlips(k),
+                                             job.rho, stream_key(root, stream), size,
+                                             **common))
     return {"clean": map_inputs(latent, params, pool.latents, **memory),
             "clean_concept": map_inputs(concept, params, concepts, **memory),
             "eps": first(shifted), "tau": first(flipped), "counts": counts,
@@ -244,21 +275,33 @@ def _relevant(world, pool, state: np.ndarray) -> np.ndarray:
     return out
 
 
-def _cited(e: ex.Explanation, row: int, names) -> list[dict]:
-    return [{"concept": int(i), "name": names[i], "share": float(s)}
+def _cited(e: ex.Explanation, row: int, names, unit: str = "concept") -> list[dict]:
+    return [{unit: int(i), "name": names[i], "share": float(s)}
             for i, s in zip(e.concepts[row], e.shares[row], strict=True) if i >= 0]
 
 
+def _cited_only(cert: ex.ConceptCertificate) -> ex.ConceptCertificate:
+    """A membership certificate claims stability only where the selected value is "cited"."""
+    cited = cert.sign > 0
+    certified = cert.certified & cited
+    return replace(cert, certified=certified, radius=np.where(cited, cert.radius, 0.0),
+                   all_certified=np.all(certified | (cert.sign == 0), axis=1))
+
+
+def has_class_rule(world) -> bool:
+    """Whether the world knows its class rule (built-in worlds: ground-truth labels and the
+    class patterns), which the known-answer scores and the counterfactuals need."""
+    return world.true_label is not None and "patterns" in (world.generator.params or {})
+
+
 def check(world, job: ExplainJob) -> None:
-    """`ConfigError` for a world without concept head or known class rule, or τ > K."""
+    """`ConfigError` for a world without concept head (concept models) or prototype head
+    (``proto``), or τ > K."""
     explanations.check(world, job.models)
     k = world.generator.num_concepts
     if job.tau > k:
         raise ConfigError(f"tau={job.tau}: allowed range [1, K={k}]", key="tau", value=job.tau,
                           allowed=f"[1, {k}]")
-    if world.true_label is None or "patterns" not in (world.generator.params or {}):
-        detail = f"{world.name} has no known class rule (built-in worlds have one)"
-        raise ConfigError(f"world: {detail}", key="world", value=world.name, detail=detail)
 
 
 def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: int | None = None,
@@ -281,15 +324,16 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
         pool = agreement_pool(world, job.seed, job.num_inputs, **memory)
         report = progress or (lambda done, total: None)
         obs = _observations(world, job, pool, memory, report)
-        weights = explanations.head(world)
-        names = world.generator.concept_names
-        relevant = _relevant(world, pool, obs["clean"]["state"])
+        heads = explanations.heads(world, job.models)
+        known = has_class_rule(world)
+        relevant = _relevant(world, pool, obs["clean"]["state"]) if known else None
         records, per_model, shown = [], {}, {}
         for h, m in enumerate(job.models):
-            contrib, expl = {}, {}
+            head, contrib, expl = heads[m], {}, {}
             for view, o in (("clean", obs["clean"]), ("clean_concept", obs["clean_concept"]),
                             ("eps", obs["eps"]), ("tau", obs["tau"])):
-                contrib[view] = ex.contributions(o["scores"], weights, o["pred"][:, h])
+                contrib[view] = ex.contributions(o[head.activations], head.weights,
+                                                 o["pred"][:, h])
                 expl[view] = ex.explain(contrib[view], job.top_k)
             stability = {}
             for view, reference in (("eps", "clean"), ("tau", "clean_concept")):
@@ -297,8 +341,8 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
                     ex.top_k_overlap(expl[reference].concepts, expl[view].concepts),
                     ex.rank_correlation(contrib[reference], contrib[view],
                                         expl[reference].concepts, expl[view].concepts))
-            cited = expl["clean"].cited(world.generator.num_concepts)
-            counts = obs["counts"]
+            cited = expl["clean"].cited(len(head.names))
+            counts = {name: c[head.counts] for name, c in obs["counts"].items()}
             certs = {"": ex.certify_concept_signs(counts["select"], job.n0, counts["estimate"],
                                                   job.n, job.sigma, job.alpha,
                                                   radius=job.radius, family=cited)}
@@ -307,15 +351,21 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
                     counts["flips_select"], job.n0, counts["flips_estimate"], job.n, None,
                     job.alpha, radius=job.flip_radius, family=cited,
                     rule=smoothing("bernoulli").radius_rule(job.rho, world.generator.num_concepts))
-            precision, recall = ex.cited_precision_recall(expl["clean"].concepts, relevant)
-            f1 = ex.known_answer_score(expl["clean"].concepts, relevant)
-            edits = _counterfactuals(world, job, h, expl["clean_concept"].concepts,
-                                     obs["clean_concept"], obs["concepts"], weights, memory)
+            if m == PROTO:
+                certs = {suffix: _cited_only(cert) for suffix, cert in certs.items()}
+            if m == PROTO or not known:
+                quality = edits = None
+            else:
+                precision, recall = ex.cited_precision_recall(expl["clean"].concepts, relevant)
+                quality = (precision, recall,
+                           ex.known_answer_score(expl["clean"].concepts, relevant))
+                edits = _counterfactuals(world, job, h, expl["clean_concept"].concepts,
+                                         obs["clean_concept"], obs["concepts"], head.weights,
+                                         memory)
             for row in range(job.num_inputs):
-                records.append(_record(pool, row, m, obs, h, expl, stability, certs, names,
-                                       (precision[row], recall[row], f1[row]), edits))
-            per_model[m] = _model_summary(stability, certs, precision, recall, f1, edits,
-                                          job.seed)
+                records.append(_record(pool, row, m, obs, h, expl, stability, certs, head,
+                                       quality, edits))
+            per_model[m] = _model_summary(stability, certs, quality, edits, job.seed)
             shown[m] = expl
         report(STEPS, STEPS)
         summary = {"settings": asdict(job) | {"models": list(job.models)}, "world": world.name,
@@ -335,32 +385,42 @@ def _edit_fields(fields: dict, index) -> dict:
     return {name: None if np.isnan(v[index]) else bool(v[index]) for name, v in fields.items()}
 
 
-def _record(pool, row, model, obs, h, expl, stability, certs, names, quality, edits) -> dict:
+def _record(pool, row, model, obs, h, expl, stability, certs, head: explanations.Head, quality,
+            edits) -> dict:
+    """One input's record for one model; prototype records (``quality``/``edits`` None) cite
+    prototypes, and their certificates say ``cited_under_noise`` instead of ``sign``."""
     cited_clean = [int(i) for i in expl["clean"].concepts[row] if i >= 0]
-    cited_concept = expl["clean_concept"].concepts[row]
-    return {
+    unit, names = head.unit, head.names
+
+    def certified(cert, i):
+        value = ({"sign": int(cert.sign[row, i])} if unit == "concept"
+                 else {"cited_under_noise": bool(cert.sign[row, i] > 0)})
+        return {unit: i, **value, "stable_at_radius": bool(cert.certified[row, i]),
+                "radius": float(cert.radius[row, i]), "p_holm": float(cert.p_value[row, i])}
+
+    out = {
         "index": int(pool.indices[row]), "model": model, "label": int(pool.labels[row]),
-        "true_label": int(pool.true_labels[row]),
+        "true_label": None if pool.true_labels is None else int(pool.true_labels[row]),
         "prediction": int(obs["clean"]["pred"][row, h]),
-        "cited": _cited(expl["clean"], row, names),
+        "cited": _cited(expl["clean"], row, names, unit),
         **{view: {"prediction": int(obs[view]["pred"][row, h]),
-                  "cited": _cited(expl[view], row, names),
+                  "cited": _cited(expl[view], row, names, unit),
                   "overlap": float(stability[view][0][row]),
                   "kendall": _float(stability[view][1][row])} for view in ("eps", "tau")},
-        **{f"certified{suffix}": [{"concept": i, "sign": int(cert.sign[row, i]),
-                                   "stable_at_radius": bool(cert.certified[row, i]),
-                                   "radius": float(cert.radius[row, i]),
-                                   "p_holm": float(cert.p_value[row, i])} for i in cited_clean]
+        **{f"certified{suffix}": [certified(cert, i) for i in cited_clean]
            for suffix, cert in certs.items()},
         **{f"all_certified{suffix}": bool(cert.all_certified[row])
            for suffix, cert in certs.items()},
-        "precision": _float(quality[0]), "recall": _float(quality[1]),
-        "f1": float(quality[2]),
-        "counterfactuals": {
-            "single": [{"concept": int(i), **_edit_fields(edits["single"], (row, j))}
-                       for j, i in enumerate(cited_concept) if i >= 0],
-            "all": _edit_fields(edits["all"], row)},
     }
+    if quality is not None:
+        cited_concept = expl["clean_concept"].concepts[row]
+        out |= {"precision": _float(quality[0][row]), "recall": _float(quality[1][row]),
+                "f1": float(quality[2][row]),
+                "counterfactuals": {
+                    "single": [{"concept": int(i), **_edit_fields(edits["single"], (row, j))}
+                               for j, i in enumerate(cited_concept) if i >= 0],
+                    "all": _edit_fields(edits["all"], row)}}
+    return out
 
 
 def _interval(values: np.ndarray, seed: int) -> dict[str, float] | None:
@@ -371,8 +431,9 @@ def _interval(values: np.ndarray, seed: int) -> dict[str, float] | None:
     return {"mean": mean, "low": low, "high": high, "inputs": int(len(values))}
 
 
-def _model_summary(stability, certs, precision, recall, f1, edits, seed) -> dict[str, Any]:
-    """Per model: means with bootstrap 95 % intervals over inputs (NaNs left out, counted)."""
+def _model_summary(stability, certs, quality, edits, seed) -> dict[str, Any]:
+    """Per model: means with bootstrap 95 % intervals over inputs (NaNs left out, counted);
+    known-answer and counterfactual measures only where ``quality``/``edits`` are given."""
     out = {f"{view}_{name}": _interval(np.asarray(values, np.float64), seed)
            for view, pair in stability.items()
            for name, values in zip(("overlap", "kendall"), pair, strict=True)}
@@ -382,7 +443,9 @@ def _model_summary(stability, certs, precision, recall, f1, edits, seed) -> dict
             warnings.simplefilter("ignore", RuntimeWarning)
             radius = np.nanmean(np.where(cert.sign != 0, cert.radius, np.nan), axis=1)
         out[f"mean_certified_radius{suffix}"] = _interval(radius, seed)
-    for name, values in (("precision", precision), ("recall", recall), ("f1", f1)):
+    if quality is None:
+        return out
+    for name, values in zip(("precision", "recall", "f1"), quality, strict=True):
         out[name] = _interval(np.asarray(values, np.float64), seed)
     for kind, fields in edits.items():
         valid = fields["valid"][~np.isnan(fields["valid"])]
@@ -410,10 +473,11 @@ def _figure(world, job, pool, obs, shown, path: Path) -> None:
               "eps": np.asarray(world.latent_images(params, z_shift)),
               "tau": np.asarray(gen.image_from_concepts(params["gen"], c_flip))}
     model, h, rows = job.models[0], 0, []
+    names = explanations.heads(world, (model,))[model].names
     for r in range(count):
         rows.append({view: {"image": images[view][r],
                             "prediction": world.class_names[int(obs[view]["pred"][r, h])],
-                            "cited": _cited(shown[model][view], r, gen.concept_names)}
+                            "cited": _cited(shown[model][view], r, names)}
                      for view in ("clean", "eps", "tau")})
     titles = {"clean": "clean", "eps": f"ε = {job.eps:g}", "tau": f"τ = {job.tau}"}
     draw_explanations(rows, titles, model, path)
@@ -434,7 +498,9 @@ def export(out: str | Path, world, path: str | Path) -> int:
                            "concepts": [{"name": CONCEPT, "share": s}, ...]}, ...]}
 
     ``share`` is the concept's signed share of the top-k contributions (positive: evidence
-    for the prediction), ranked. Returns the number of explanations written.
+    for the prediction), ranked. A prototype network's explanations (model ``proto``) carry
+    ``"prototypes": [{"name": "p<j> (<class it was made for>)", "share": s}, ...]`` instead of
+    ``"concepts"``. Returns the number of explanations written.
     """
     import json
 
@@ -442,11 +508,12 @@ def export(out: str | Path, world, path: str | Path) -> int:
     classes = world.class_names
     items = [{"id": f"{r['index']}-{r['model']}", "index": r["index"], "model": r["model"],
               "prediction": classes[r["prediction"]], "label": classes[r["label"]],
-              "concepts": [{"name": c["name"], "share": c["share"]} for c in r["cited"]]}
+              "prototypes" if r["model"] == PROTO else "concepts":
+                  [{"name": c["name"], "share": c["share"]} for c in r["cited"]]}
              for r in records]
     write_json(Path(path), {"format": EXPORT_FORMAT, "version": 1, "world": world.name,
                             "class_names": list(classes),
-                            "concept_names": list(world.generator.concept_names),
+                            "concept_names": list(explanations.concept_names(world)),
                             "explanations": items})
     return len(items)
 

@@ -1,29 +1,34 @@
-"""Explanation stability in perturb runs: records and summary (`PerturbJob.explain`).
+"""Explanations in run records: perturb runs (`PerturbJob.explain`), attack runs
+(`AttackJob.explain`) and the heads `certify explain` uses.
 
-With ``explain`` on, a perturb record carries, for every concept model m (``cbm``, ``cbmh``):
+With ``explain`` on, a perturb record carries, for every model m that explains (``cbm``,
+``cbmh`` by the world's concepts; ``proto`` by its prototypes):
 
-* ``clean.explain[m]``: the clean explanation, ``[[concept, share], ...]`` ranked (top k = 5,
-  `cbcert.robustness.explain.explain`), and
-* ``samples[s].explain[m]``: ``{"cited": [[concept, share], ...], "overlap": J, "kendall": τ}``,
+* ``clean.explain[m]``: the clean explanation, ``[[unit, share], ...]`` ranked (top k = 5,
+  `cbcert.robustness.explain.explain`; a unit is a concept, or a prototype for proto), and
+* ``samples[s].explain[m]``: ``{"cited": [[unit, share], ...], "overlap": J, "kendall": τ}``,
   the perturbed explanation, its top-k Jaccard overlap with the clean one and the Kendall τ-b of
-  their contributions over the concepts either cites (null where undefined).
+  their contributions over the units either cites (null where undefined).
 
-Contributions are ``r_i · W[y, i]``: r the PCBM's concept scores on the (clean or perturbed)
-image, y the model's own prediction there, W the world's concept head (`World.concept_head`);
-``cbm`` and ``cbmh`` share W (PCBM-h's residual on e cites no concept). Cost: the concept scores
-are already computed for DFS, so the engine does no extra work; the host ranks K concepts per
-model and sample, and the records grow by about 100 bytes per model and sample.
+Contributions are ``a_i · W[y, i]`` (`Head`), y the model's own prediction on the (clean or
+perturbed) image: for cbm/cbmh a = r, the PCBM's concept scores, and W the world's concept head
+(`World.concept_head`; both share W, PCBM-h's residual on e cites no concept); for proto a = s,
+its prototype similarities, and W its readout (`World.prototype_head`). Cost: the concept
+scores are already computed for DFS; proto's similarities are one more output of the observer
+(its backbone features are the ones the proto logits use); the host ranks K concepts (P
+prototypes) per model and sample, and the records grow by about 100 bytes per model and sample.
 
-`summary` adds per budget and concept model the mean ± sd over the run's subsets of the overlap
-and of τ (τ averaged over the inputs where it is defined), and paired sign-flip permutation
-tests over inputs of the overlap of the first concept model against each other, Holm-corrected
-over the run's budgets — the statistics PFR gets (`cbcert.robustness.protocol`).
+`summary` adds per budget and explaining model the mean ± sd over the run's subsets of the
+overlap and of τ (τ averaged over the inputs where it is defined), and paired sign-flip
+permutation tests over inputs of the overlap of the first explaining model against each other,
+Holm-corrected over the run's budgets — the statistics PFR gets (`cbcert.robustness.protocol`).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,24 +38,36 @@ from cbcert.robustness import stats
 from cbcert.schema import ConfigError
 
 TOP_K = ex.DEFAULT_TOP_K
-EXPLAINED = ("cbm", "cbmh")
+PROTO = "proto"
+CONCEPT_MODELS = ("cbm", "cbmh")  # explained by the world's concepts
+EXPLAINED = (*CONCEPT_MODELS, PROTO)  # proto: by its prototypes
 
 
 def explained_models(models: Sequence[str]) -> tuple[str, ...]:
-    """The concept models of ``models`` whose explanations are recorded."""
+    """The models of ``models`` whose explanations are recorded (concept models and proto)."""
     return tuple(m for m in models if m in EXPLAINED)
 
 
 def check(world, models: Sequence[str]) -> None:
-    """`ConfigError` (key ``explain``) unless the world gives its concept head and ``models``
-    name a concept model."""
-    if world.concept_head is None:
-        detail = (f"{world.name} does not expose its CBM's concept head (built-in worlds do; "
-                  "world directories not yet)")
-        raise ConfigError(f"explain: {detail}", key="explain", value=True, detail=detail)
+    """`ConfigError` unless ``models`` name a model that explains (key ``explain``) and the
+    world exposes its head: the concept head for ``cbm``/``cbmh`` (key ``explain``), the
+    prototype head for ``proto`` (key ``world``)."""
     if not explained_models(models):
-        detail = f"models {list(models)} name no concept model ({', '.join(EXPLAINED)})"
+        detail = f"models {list(models)} name no model that explains ({', '.join(EXPLAINED)})"
         raise ConfigError(f"explain: {detail}", key="explain", value=True, detail=detail)
+    if any(m in CONCEPT_MODELS for m in models) and world.concept_head is None:
+        detail = f"{world.name} does not expose its CBM's concept head"
+        raise ConfigError(f"explain: {detail}", key="explain", value=True, detail=detail)
+    shared = (world.metadata or {}).get("concept_head_models", CONCEPT_MODELS)
+    other = [m for m in models if m in CONCEPT_MODELS and m not in shared]
+    if other:
+        detail = (f"{world.name}: {', '.join(other)} does not share the cbm's concept "
+                  "bottleneck (backbone, CAVs, head), so the concept head does not explain it; "
+                  f"explain {', '.join(shared)}")
+        raise ConfigError(f"models: {detail}", key="models", value=list(models), detail=detail)
+    if PROTO in models and (world.prototypes is None or world.prototype_head is None):
+        detail = f"{world.name} does not expose its prototype network's head (built-in worlds do)"
+        raise ConfigError(f"world: {detail}", key="world", value=world.name, detail=detail)
 
 
 def head(world) -> np.ndarray:
@@ -59,19 +76,58 @@ def head(world) -> np.ndarray:
     return np.asarray(w, np.float64)
 
 
+def concept_names(world) -> tuple[str, ...]:
+    """Names of the CBM's concepts (the units cbm/cbmh cite): the generator's on built-in worlds
+    (the PCBM reads the world's own concepts), the PCBM's concept bank on world directories
+    (``metadata["cbm_concept_names"]``; unrelated to the CB-AE's concepts)."""
+    names = (world.metadata or {}).get("cbm_concept_names")
+    return tuple(names) if names else tuple(world.generator.concept_names)
+
+
+@dataclass(frozen=True)
+class Head:
+    """What one explained model cites: ``unit`` (``concept`` or ``prototype``), the observer
+    key of its activations (``scores``: concept scores r; ``prototypes``: similarities s), its
+    weights ``W[C, units]`` (float64), the units' names, and the key of its certificate
+    counts in `cbcert.runs.explain` (``signs`` / ``members``)."""
+
+    unit: str
+    activations: str
+    weights: np.ndarray
+    names: tuple[str, ...]
+    counts: str
+
+
+def heads(world, models: Sequence[str]) -> dict[str, Head]:
+    """`Head` of every model of ``models`` that explains: ``cbm``/``cbmh`` by the world's
+    concepts (`World.concept_head`), ``proto`` by its prototypes (`World.prototype_head`,
+    named ``p<j> (<class it was made for>)``)."""
+    out = {}
+    concept = [m for m in models if m in CONCEPT_MODELS]
+    if concept:
+        shared = Head("concept", "scores", head(world), concept_names(world), "signs")
+        out |= {m: shared for m in concept}
+    if PROTO in models:
+        w, owner = world.prototype_head(world.params["clf"])
+        names = tuple(f"p{j} ({world.class_names[int(c)]})" for j, c in enumerate(owner))
+        out[PROTO] = Head("prototype", "prototypes", np.asarray(w, np.float64), names, "members")
+    return out
+
+
 def _cited(e: ex.Explanation, row: int) -> list[list]:
     return [[int(i), float(s)] for i, s in zip(e.concepts[row], e.shares[row], strict=True)
             if i >= 0]
 
 
-def record_fields(weights: np.ndarray, models: Sequence[str], clean: dict, perturbed: dict
-                  ) -> tuple[list[dict], list[list[dict]]]:
+def record_fields(explained: dict[str, Head], models: Sequence[str], clean: dict,
+                  perturbed: dict) -> tuple[list[dict], list[list[dict]]]:
     """Explanation fields of one batch of records.
 
     Args:
-      weights: ``W[C, K]``.
+      explained: the `Head` of every explained model (`heads`).
       models: the run's models (the order of the ``pred`` columns).
-      clean: observer outputs on the clean images: ``pred[B, H]``, ``scores[B, K]``.
+      clean: observer outputs on the clean images: ``pred[B, H]`` and each head's
+        activations (``scores[B, K]``, ``prototypes[B, P]``).
       perturbed: the same on the perturbed images, ``[B, S, ...]``.
 
     Returns:
@@ -79,13 +135,13 @@ def record_fields(weights: np.ndarray, models: Sequence[str], clean: dict, pertu
       "overlap", "kendall"}}`` for every explained model.
     """
     b, s = perturbed["pred"].shape[:2]
-    k = weights.shape[1]
     clean_fields: list[dict] = [{} for _ in range(b)]
     sample_fields: list[list[dict]] = [[{} for _ in range(s)] for _ in range(b)]
-    for m in explained_models(models):
+    for m, hd in explained.items():
         h = list(models).index(m)
-        c_clean = ex.contributions(clean["scores"], weights, clean["pred"][:, h])  # [B, K]
-        c_pert = ex.contributions(perturbed["scores"].reshape(b * s, k), weights,
+        k = hd.weights.shape[1]
+        c_clean = ex.contributions(clean[hd.activations], hd.weights, clean["pred"][:, h])
+        c_pert = ex.contributions(perturbed[hd.activations].reshape(b * s, k), hd.weights,
                                   perturbed["pred"][:, :, h].reshape(b * s))  # [B S, K]
         e_clean, e_pert = ex.explain(c_clean, TOP_K), ex.explain(c_pert, TOP_K)
         repeat = np.repeat(np.arange(b), s)
@@ -163,5 +219,5 @@ def summary(per_budget: Sequence[tuple[str, float, dict]], subsets: np.ndarray,
     return rows
 
 
-__all__ = ["EXPLAINED", "TOP_K", "check", "explained_models", "head", "measurements",
-           "record_fields", "summary"]
+__all__ = ["CONCEPT_MODELS", "EXPLAINED", "PROTO", "TOP_K", "Head", "check",
+           "explained_models", "head", "heads", "measurements", "record_fields", "summary"]

@@ -28,6 +28,9 @@ latent --sigma σ`` / ``certify concept --rho ρ`` with the same seed, so their 
 fraction of the certificate's own noisy samples that leave the clean prediction. Records depend
 only on ``(seed, i, j)`` and the batch an input falls in (batches are fixed blocks of the
 agreement set), so a resumed run writes the same records and summary as an uninterrupted one.
+
+Size: ~420 lines: the job, its budgets, the run loop with resumption, records and the summary
+of the empirical protocol (its statistics live in `cbcert.robustness`).
 """
 
 from __future__ import annotations
@@ -82,8 +85,8 @@ class PerturbJob:
       num_inputs: M agreement inputs perturbed (the subsets are drawn among them), >= n;
         0 means the default 2 n, so that subsets overlap by about half.
       batch: inputs per engine call (unit of progress and resumption).
-      explain: also record the concept models' explanations, clean and perturbed, and report
-        their stability (`cbcert.runs.explanations`); off by default (larger records).
+      explain: also record cbm/cbmh/proto explanations, clean and perturbed, and report their
+        stability (`cbcert.runs.explanations`); off by default (larger records).
     """
 
     eps: tuple[float, ...] = (0.05, 0.1, 0.3, 0.5, 0.8)
@@ -146,6 +149,8 @@ class PerturbJob:
             del d[kind]
         if not self.explain:  # runs from before the option pin the same settings
             del d["explain"]
+        else:  # runs from before proto explained its predictions stop instead of mixing
+            d["explained_models"] = list(explanations.explained_models(self.models))
         return {**d, "models": list(self.models)}
 
     def budget_lists(self) -> dict[str, list]:
@@ -181,14 +186,14 @@ class _Kind:
 def _kinds(world, job: PerturbJob, latents: np.ndarray, root: jax.Array,
            memory: dict) -> dict[str, _Kind]:
     """The `_Kind` of every budget kind the job uses (concept inputs encoded once)."""
-    scores = bool(job.concept_models)
+    scores, protos = bool(job.concept_models), job.explain and explanations.PROTO in job.models
     used = {kind for kind, _ in job.budgets}
     concepts = None
     kinds = {}
     for kind, spec in BUDGET_KINDS.items():
         if kind not in used:
             continue
-        observe = observer(world, spec.space, job.models, scores)
+        observe = observer(world, spec.space, job.models, scores, prototypes=protos)
         if spec.space == "latent":
             inputs = latents
         else:
@@ -206,11 +211,11 @@ def _bits(state: np.ndarray) -> str:
 
 
 def _records(job: PerturbJob, pool, rows: np.ndarray, clean: dict, perturbed: dict,
-             weights: np.ndarray | None = None) -> list[dict]:
-    """JSON records of a batch: predictions, concept states, flips, DFS, explanations (W)."""
+             heads: dict | None = None) -> list[dict]:
+    """JSON records of a batch: predictions, concept states, flips, DFS, explanations (heads)."""
     explained = None
     if job.explain:
-        explained = explanations.record_fields(weights, job.models, clean, perturbed)
+        explained = explanations.record_fields(heads, job.models, clean, perturbed)
     dfs = None
     if "scores" in clean:
         dfs = stats.decision_shifts(clean["scores"], perturbed["scores"])  # [B, S]
@@ -288,7 +293,7 @@ def run(
     check_budgets(job, k)
     if job.explain:
         explanations.check(world, job.models)
-    weights = explanations.head(world) if job.explain else None
+    heads = explanations.heads(world, job.models) if job.explain else None
     out = Path(out)
     check_writable(out)
     with hold(out):
@@ -312,7 +317,7 @@ def run(
                             spec.perturbed, world.params, spec.inputs[rows], spec.noise, value,
                             spec.key, job.samples, indices=pool.indices[rows], **memory,
                         )
-                        for record in _records(job, pool, rows, clean, perturbed, weights):
+                        for record in _records(job, pool, rows, clean, perturbed, heads):
                             if record["index"] not in done:
                                 sink.write(json_line(record))
                         sink.flush()

@@ -12,7 +12,7 @@ A config becomes a list of *cells*, each one run of an existing runner in its ow
   (``attack-concept-smoothed-rho0.2``), or the section's ``name``;
 * ``classes``: the class-centroid distances of f_std's features (`runs.classes`) — ``classes``;
 * ``explain``: the concept models' explanations, their stability, certificates, known-answer
-  quality and counterfactuals (`runs.explain`, built-in worlds) — ``explain``.
+  quality and counterfactuals (`runs.explain`) — ``explain``.
 
 A multi-world config (``worlds:``) runs every world's cells into ``<out>/<world>/<cell>/``: cell
 names carry the world (``similar5/latent-sigma0.1``), each world directory gets the manifest
@@ -57,6 +57,7 @@ from cbcert.runs import attack as attack_runner
 from cbcert.runs import certify as certify_runner
 from cbcert.runs import classes as classes_runner
 from cbcert.runs import explain as explain_runner
+from cbcert.runs import explanations
 from cbcert.runs import perturb as perturb_runner
 from cbcert.runs.config import ConfigError, ExperimentConfig
 from cbcert.runs.directory import (
@@ -216,7 +217,8 @@ def _attack_cell(config: ExperimentConfig, a) -> Cell:
     job = attack_runner.AttackJob(
         space=a.space, eps=a.eps, norm=a.norm, iters=a.iters, restarts=a.restarts,
         smoothed=a.smoothed, scale=scale, eot=a.eot, n=predict.n, alpha=predict.alpha,
-        models=EMPIRICAL_MODELS, seed=config.world.seed, num_inputs=a.inputs)
+        models=EMPIRICAL_MODELS, seed=config.world.seed, num_inputs=a.inputs,
+        explain=a.explain)
     return Cell(name, "attack", job)
 
 
@@ -250,6 +252,11 @@ def check_cells(cells: Sequence[Cell], world) -> None:
                 perturb_runner.check_budgets(cell.job, world.generator.num_concepts)
             except ConfigError as error:
                 raise ConfigError(f"section 'perturb', key '{error.key}': {error}") from None
+        if cell.kind in ("perturb", "attack") and cell.job.explain:
+            try:
+                explanations.check(world, cell.job.models)
+            except ConfigError as error:
+                raise ConfigError(f"section '{section}', key 'explain': {error}") from None
 
 
 def git_revision() -> str | None:

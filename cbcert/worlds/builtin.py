@@ -98,6 +98,22 @@ def concept_head_function(graphdef, state):
     return concept_head
 
 
+def prototype_functions(graphdef, state):
+    """Pure ``prototypes(params, x[B, H, W, 3]) -> s[B, P]`` (the proto head's log
+    similarities) and ``prototype_head(params) -> (W[C, P], owner[P])`` (``proto`` logits
+    ``= s Wᵀ``; owner: the class each prototype was made for)."""
+    module = _module_of(graphdef, state)
+
+    def prototypes(params, x):
+        return module(params).prototype_similarities(x)
+
+    def prototype_head(params):
+        proto = module(params).proto
+        return proto.last[...].T, jnp.argmax(proto.class_identity[...], axis=1)
+
+    return prototypes, prototype_head
+
+
 def _module_of(graphdef, state):
     def module(params) -> WorldClassifiers:
         s = jax.tree.map(lambda v: v, state)
@@ -191,6 +207,7 @@ def untrained_world(preset: str = "default", seed: int = 0) -> World:
 def _assemble(name: str, world, graphdef, state, params, metadata: dict) -> World:
     """The ``World`` of a concept world and its classifiers' parameters."""
     classify, concept_scores = classifier_functions(graphdef, state)
+    prototypes, prototype_head = prototype_functions(graphdef, state)
     return World(
         name=name,
         generator=world.generator,
@@ -203,6 +220,8 @@ def _assemble(name: str, world, graphdef, state, params, metadata: dict) -> Worl
         metadata=metadata,
         embed=embedding_function(graphdef, state),
         concept_head=concept_head_function(graphdef, state),
+        prototypes=prototypes,
+        prototype_head=prototype_head,
     )
 
 

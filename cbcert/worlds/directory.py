@@ -37,6 +37,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from cbcert.generators.base import Generator
@@ -236,7 +237,11 @@ def load_classifiers(spec: WorldSpec) -> tuple[dict[str, Callable], Callable, di
       ``(apply_fns, concept_fn, params, manifests)``: ``apply_fns[role](params[role],
       x[B, h, w, 3]) -> logits[B, C]``, ``concept_fn(params["cbm"], x) -> r[B, K]`` (the
       PCBM's margins), and each role's checkpoint manifest; ``apply_fns["std:embed"]`` is the
-      standard classifier's pooled embedding ``(params["std"], x) -> e[B, D]``.
+      standard classifier's pooled embedding ``(params["std"], x) -> e[B, D]``;
+      ``apply_fns["cbm:head"](params["cbm"], None) -> (W[C, K], b[C])`` the PCBM's class head
+      (`PCBM.class_head`); ``apply_fns["proto:similarities"](params["proto"], x) -> s[B, P]``
+      and ``apply_fns["proto:head"](params["proto"], None) -> (W[C, P], owner[P])`` the
+      PixPNet's similarities and readout (`PixPNet.class_weights`).
 
     Raises:
       ValueError: a directory that is not a converted model, a kind that does not fit its role.
@@ -258,6 +263,10 @@ def load_classifiers(spec: WorldSpec) -> tuple[dict[str, Callable], Callable, di
             apply_fns["std:embed"], _ = pure_apply(module, lambda m, x: m.embed(x))
         if role == "cbm":
             concept_fn, _ = pure_apply(module, lambda m, x: m.concept_scores(x))
+            apply_fns["cbm:head"], _ = pure_apply(module, lambda m, _: m.class_head())
+        if role == "proto":
+            apply_fns["proto:similarities"], _ = pure_apply(module, lambda m, x: m.similarities(x))
+            apply_fns["proto:head"], _ = pure_apply(module, lambda m, _: m.class_weights())
     return apply_fns, concept_fn, params, manifests
 
 
@@ -267,7 +276,10 @@ def load_world_dir(path: str | Path) -> World:
     ``classify(params, x[B, H, W, 3], names) -> logits[B, len(names), C]`` applies the
     manifest's preprocessing to ``g(z)`` in [0, 1] once, then every named classifier;
     ``concept_scores(params, x) -> r[B, K]`` are the PCBM's concept margins. There is no
-    ground-truth label (``true_label=None``).
+    ground-truth label (``true_label=None``). Explanations: ``concept_head`` is the ``cbm``
+    PCBM's class head; a ``cbmh`` is explained with it only when its concept bottleneck
+    (backbone, CAVs, head) is the cbm's, as PCBM-h is trained (`metadata["concept_head_models"]`
+    lists the models the head explains); ``prototypes``/``prototype_head`` come from ``proto``.
 
     Raises:
       ValueError: any manifest, checkpoint or shape problem, naming the key or file.
@@ -287,6 +299,15 @@ def load_world_dir(path: str | Path) -> World:
     def embed(p, x):
         return apply_fns["std:embed"](p["std"], preprocess(x))
 
+    def concept_head(p):
+        return apply_fns["cbm:head"](p["cbm"], None)
+
+    def prototypes(p, x):
+        return apply_fns["proto:similarities"](p["proto"], preprocess(x))
+
+    def prototype_head(p):
+        return apply_fns["proto:head"](p["proto"], None)
+
     _check_class_counts(classify, params, generator.image_shape, spec)
     return World(
         name=f"dir:{spec.name}", generator=generator, classify=classify,
@@ -294,7 +315,33 @@ def load_world_dir(path: str | Path) -> World:
         model_names=tuple(role for role in ROLES if role in apply_fns),
         class_names=spec.class_names, true_label=None,
         metadata={"world_dir": str(spec.root), "concepts": generator.num_concepts > 0,
-                  "classifiers": manifests}, embed=embed)
+                  "classifiers": manifests,
+                  "concept_head_models": _concept_head_models(params),
+                  "cbm_concept_names": _bank_names(manifests["cbm"], params["cbm"])},
+        embed=embed,
+        concept_head=concept_head, prototypes=prototypes if "proto" in params else None,
+        prototype_head=prototype_head if "proto" in params else None)
+
+
+def _bank_names(manifest: dict, params) -> list[str]:
+    """The cbm PCBM's concept names: its converted manifest's ``concept_names`` (the concept
+    bank), else ``concept <i>`` for each of its CAVs."""
+    names = manifest.get("concept_names")
+    count = int(nnx.to_pure_dict(params)["cavs"].shape[0])
+    return list(names) if names and len(names) == count else [f"concept {i}" for i in range(count)]
+
+
+def _concept_head_models(params: dict) -> list[str]:
+    """The concept models explained by the cbm's class head: cbm, and cbmh when everything
+    but its residual head equals the cbm's parameters."""
+    if "cbmh" not in params:
+        return ["cbm"]
+    mine = {k: v for k, v in nnx.to_pure_dict(params["cbmh"]).items() if k != "residual"}
+    theirs = {k: v for k, v in nnx.to_pure_dict(params["cbm"]).items() if k != "residual"}
+    same = jax.tree.structure(mine) == jax.tree.structure(theirs) and all(
+        np.array_equal(a, b) for a, b in zip(jax.tree.leaves(mine), jax.tree.leaves(theirs),
+                                             strict=True))
+    return ["cbm", "cbmh"] if same else ["cbm"]
 
 
 def _check_class_counts(classify: Callable, params: dict, image_shape: tuple[int, ...],

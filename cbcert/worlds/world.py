@@ -47,6 +47,11 @@ class World:
         concept scores r (``cbm`` logits ``= r Wᵀ + b``): the concept contributions
         ``r_i · W[y, i]`` of `cbcert.robustness.explain`; None where the world does not expose
         it (world directories, for now).
+      prototypes: ``(classifier_params, x[B, H, W, 3]) -> s[B, P]``, the prototype network's
+        (``proto``) max-pooled prototype similarities; None where not exposed.
+      prototype_head: ``(classifier_params) -> (W[C, P], owner[P])``, the prototype network's
+        class readout (``proto`` logits ``= s Wᵀ``) and the class each prototype belongs to:
+        prototype contributions ``s_j · W[y, j]``; None where not exposed.
     """
 
     name: str
@@ -61,6 +66,8 @@ class World:
     dataset: Any = None
     embed: Callable[[Params, jax.Array], jax.Array] | None = None
     concept_head: Callable[[Params], tuple[jax.Array, jax.Array]] | None = None
+    prototypes: Callable[[Params, jax.Array], jax.Array] | None = None
+    prototype_head: Callable[[Params], tuple[jax.Array, jax.Array]] | None = None
 
     @property
     def num_classes(self) -> int:
