@@ -425,3 +425,23 @@ def test_records_of_another_budget_are_refused(tmp_path):
     (tmp_path / RECORDS).write_text(text + json.dumps({**first, "eps": 0.5}) + "\n")
     with pytest.raises(RecordsError, match=r"line 5: eps=0.5 is not one of the run's budgets"):
         run(_linear_world(), job, tmp_path)
+
+
+def test_explanation_means_count_only_inputs_the_attack_fooled():
+    """``explanation_*_fooled`` averages over inputs correct at the clean point and wrong at the
+    adversarial one; an input wrong at both is in the overall mean only; undefined τ is left
+    out."""
+    def record(index, clean, adv, overlap, kendall):
+        return {"index": index, "model": "cbm", "eps": 0.1, "label": 0, "clean_prediction": clean,
+                "adversarial_prediction": adv, "loss": 1.0, "perturbation_norm": 0.1,
+                "attack_fooled": adv != 0, "robust": clean == adv == 0,
+                "explain": {"clean": [], "adversarial": [], "overlap": overlap,
+                            "kendall": kendall}}
+
+    records = [record(0, 0, 1, 0.2, -0.5), record(1, 1, 1, 0.9, None), record(2, 0, 0, 1.0, 1.0)]
+    (budget,) = summarize_records(records, AttackJob(eps=(0.1,), models=("cbm",)))[
+        "models"]["cbm"]["budgets"]
+    assert budget["explanation_overlap"] == pytest.approx(0.7)
+    assert budget["explanation_kendall"] == pytest.approx(0.25)
+    assert budget["explanation_overlap_fooled"] == pytest.approx(0.2)
+    assert budget["explanation_kendall_fooled"] == pytest.approx(-0.5)

@@ -63,7 +63,8 @@ def _csv(values) -> str:
               help="Output directory (default results/perturb-seed<seed>); rerunning with the "
                    "same --out resumes.")
 @click.option("--explain", is_flag=True,
-              help="Also record the concept models' top-5 explanations, clean and perturbed, "
+              help="Also record the top-5 explanations of cbm/cbmh (concepts) and proto "
+                   "(prototypes), clean and perturbed, "
                    "and report their stability (overlap, Kendall τ).")
 @common.memory_options
 @distributed_options
@@ -143,7 +144,7 @@ def _print_explanations(rows: list[dict], world) -> None:
         return "–" if entry["mean"] is None else f"{entry['mean']:.3f} ± {entry['sd']:.3f}"
 
     models = list(rows[0]["overlap"])
-    table = Table(title=f"{world.name}, explanation stability (top-5 concepts)")
+    table = Table(title=f"{world.name}, explanation stability (top-5 concepts; proto: prototypes)")
     table.add_column("budget")
     for m in models:
         table.add_column(f"overlap {m}", justify="right")

@@ -37,9 +37,10 @@ With ``explain`` (base attacks), each record of a model that explains (``cbm``, 
 concepts, ``proto`` by prototypes; `cbcert.runs.explanations`) adds ``explain``: the model's
 top-5 explanation at the clean and at the adversarial point (``clean``, ``adversarial``:
 ``[[unit, share], ...]``), their Jaccard ``overlap`` and Kendall τ-b (``kendall``, null where
-undefined); the summary adds per model and ε the mean overlap and τ over inputs (overall and
-over the inputs the attack fooled). Cost: one forward pass of the attacked model at the clean
-and at the adversarial point per (batch, model, ε).
+undefined); the summary adds per model and ε the mean overlap and τ over inputs, overall and
+over the inputs the attack fooled (correct at the clean point, wrong at the adversarial one).
+Cost: one forward pass of the attacked model at the clean and at the adversarial point per
+(batch, model, ε).
 
 Per-input records go to ``records.jsonl`` as each (batch, model, ε) unit finishes; a rerun
 with the same output directory skips finished units, and the resumed summary equals an
@@ -300,13 +301,14 @@ class _Explainer:
     adversarial points (`cbcert.runs.explanations.record_fields` with one "sample")."""
 
     def __init__(self, world, job: AttackJob, memory: dict):
-        self.world, self.space, self.memory = world, job.space, memory
+        self.world, self.memory = world, memory
         self.heads = explanations.heads(world, job.explained)
+        # One observer per model for the whole run: the engine's jit cache keys on it.
+        self.observe = {m: observer(world, job.space, (m,), True,
+                                    prototypes=m == explanations.PROTO) for m in job.explained}
 
     def __call__(self, model: str, x: np.ndarray, x_adv: np.ndarray) -> list[dict]:
-        observe = observer(self.world, self.space, (model,), True,
-                           prototypes=model == explanations.PROTO)
-        clean, adv = (map_inputs(observe, self.world.params, a, **self.memory)
+        clean, adv = (map_inputs(self.observe[model], self.world.params, a, **self.memory)
                       for a in (x, x_adv))
         adv = {name: value[:, None] for name, value in adv.items()}  # one "sample"
         fields = explanations.record_fields({model: self.heads[model]}, (model,), clean, adv)
@@ -384,10 +386,12 @@ def summarize_records(records: list[dict], job: AttackJob) -> dict[str, Any]:
 
 def _explanation_means(rows: list[dict]) -> dict[str, float | None]:
     """Mean explanation overlap and Kendall τ (defined ones) at the adversarial point, over
-    all inputs and over those whose adversarial prediction is wrong; {} without explanations."""
+    all inputs and over those the attack fooled (correct at the clean point, wrong at the
+    adversarial one); {} without explanations."""
     if not rows or "explain" not in rows[0]:
         return {}
-    fooled = [r for r in rows if r["adversarial_prediction"] != r["label"]]
+    fooled = [r for r in rows if r["clean_prediction"] == r["label"]
+              and r["adversarial_prediction"] != r["label"]]
     return {f"explanation_{name}{suffix}": _mean([r["explain"][name] for r in subset
                                                   if r["explain"][name] is not None])
             for suffix, subset in (("", rows), ("_fooled", fooled))
