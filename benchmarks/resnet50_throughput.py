@@ -2,8 +2,9 @@
 
 Random weights (every parameter and BN statistic drawn), 224x224 inputs, inference mode on both
 sides; the converted model is checked against PyTorch before timing. Prints images/s per batch
-size, the JAX/PyTorch ratio at batch 8 and at each side's best batch, the versions and the
-command.
+size (median over ``--rounds`` interleaved rounds, `benchmarks/timing.py`), the JAX/PyTorch
+ratio at each batch and at each side's best batch (median of per-round ratios, with range), the
+versions and the command.
 
     python benchmarks/resnet50_throughput.py --threads 2 --batches 8 16 32
 
@@ -18,7 +19,6 @@ import os
 import pathlib
 import platform
 import sys
-import time
 
 
 def parse_args() -> argparse.Namespace:
@@ -26,12 +26,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for both frameworks")
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--size", type=int, default=224, help="image side in pixels")
-    parser.add_argument("--min-seconds", type=float, default=4.0,
-                        help="time each configuration at least this long (and >= 2 calls)")
+    parser.add_argument("--min-seconds", type=float, default=3.0,
+                        help="time each configuration at least this long in each round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of interleaved timing (every configuration once per round)")
     args = parser.parse_args()
-    if args.threads < 1 or min(args.batches) < 1 or args.size < 32:
-        parser.error(f"--threads={args.threads}, --batches={args.batches}, --size={args.size}; "
-                     "need threads >= 1, batches >= 1, size >= 32")
+    if args.threads < 1 or min(args.batches) < 1 or args.size < 32 or args.rounds < 1:
+        parser.error(f"--threads={args.threads}, --batches={args.batches}, --size={args.size}, "
+                     f"--rounds={args.rounds}; need threads >= 1, batches >= 1, size >= 32, "
+                     "rounds >= 1")
     return args
 
 
@@ -44,16 +47,6 @@ def pin_threads(threads: int) -> None:
         os.environ[name] = str(threads)
 
 
-def time_calls(fn, min_seconds: float) -> float:
-    """Seconds per call of ``fn()`` (after one warm-up call), over >= 2 calls and min_seconds."""
-    fn()
-    calls, start = 0, time.perf_counter()
-    while calls < 2 or time.perf_counter() - start < min_seconds:
-        fn()
-        calls += 1
-    return (time.perf_counter() - start) / calls
-
-
 def main() -> None:
     args = parse_args()
     pin_threads(args.threads)
@@ -61,6 +54,9 @@ def main() -> None:
     import jax
     import numpy as np
     import torch
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import timing
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
     from test_convert_resnet import state_dict_numpy, torch_resnet  # reference, no torchvision
@@ -83,28 +79,35 @@ def main() -> None:
         expected = reference(torch.from_numpy(check.transpose(0, 3, 1, 2).copy())).numpy()
     error = float(np.abs(np.asarray(jitted(params, check)) - expected).max())
 
-    rows = []
+    # Every configuration once per round, the order rotated each round (benchmarks/timing.py):
+    # ratios are taken within a round, so a load change between configurations cancels out.
+    contenders = {}
     for batch in args.batches:
         x = rng.standard_normal((batch, args.size, args.size, 3)).astype(np.float32)
         x_jax = jax.device_put(x)
         x_torch = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
-        jax_s = time_calls(lambda x_jax=x_jax: jitted(params, x_jax).block_until_ready(),
-                           args.min_seconds)
-        with torch.inference_mode():
-            torch_s = time_calls(lambda x_torch=x_torch: reference(x_torch), args.min_seconds)
-        rows.append((batch, batch / jax_s, batch / torch_s))
-        print(f"batch {batch:4d}: jax {batch / jax_s:8.2f} img/s   torch {batch / torch_s:8.2f} "
-              f"img/s   ratio {torch_s / jax_s:5.2f}", flush=True)
 
-    by_batch = {b: (j, t) for b, j, t in rows}
-    best_jax = max(rows, key=lambda r: r[1])
-    best_torch = max(rows, key=lambda r: r[2])
+        def jax_work(x_jax=x_jax, batch=batch):
+            jitted(params, x_jax).block_until_ready()
+            return batch
+
+        def torch_work(x_torch=x_torch, batch=batch):
+            with torch.inference_mode():
+                reference(x_torch)
+            return batch
+
+        contenders[f"jax {batch}"], contenders[f"torch {batch}"] = jax_work, torch_work
+    rates, _ = timing.interleaved(contenders, args.rounds, args.min_seconds)
+    for batch in args.batches:
+        j, t = rates[f"jax {batch}"], rates[f"torch {batch}"]
+        print(f"batch {batch:4d}: jax {timing.median(j):8.2f} img/s   torch "
+              f"{timing.median(t):8.2f} img/s   jax/torch {timing.format_ratio(j, t)}", flush=True)
+    best_jax = max(args.batches, key=lambda b: timing.median(rates[f"jax {b}"]))
+    best_torch = max(args.batches, key=lambda b: timing.median(rates[f"torch {b}"]))
     print(f"\nmax |logit difference| jax vs torch (batch 2, {args.size} px): {error:.2e}")
-    if 8 in by_batch:
-        j, t = by_batch[8]
-        print(f"batch 8 ratio (jax / torch images/s): {j / t:.2f}")
-    print(f"best-batch ratio: jax {best_jax[1]:.2f} img/s (batch {best_jax[0]}) / torch "
-          f"{best_torch[2]:.2f} img/s (batch {best_torch[0]}) = {best_jax[1] / best_torch[2]:.2f}")
+    print(f"best-batch ratio: jax batch {best_jax} / torch batch {best_torch} "
+          f"{timing.format_ratio(rates[f'jax {best_jax}'], rates[f'torch {best_torch}'])} "
+          f"(medians over rounds: samples/s per batch above)")
     import flax
     import jaxlib
 

@@ -143,7 +143,8 @@ class Smoothed:
       noise: the `Noise`.
       num_classes: C, or None to read it from ``apply_fn``'s output shape.
       chunk_size, max_memory, dtype, mesh: engine settings (``count_classes``): samples per
-        device step (default from ``max_memory``: a quarter of device memory, 8 MiB on CPU),
+        device step (default from ``max_memory``: a quarter of device memory, 8 MiB on CPU,
+        where compute-bound models get at least 32 samples per step),
         compute dtype of the noisy samples (e.g. ``"bfloat16"``; counts and statistics stay
         exact), device mesh (default: all devices).
     """

@@ -205,6 +205,32 @@ def test_bottleneck_add_on_layers_halve_to_the_prototype_dim():
     assert [s[2] for s in add_on_layer_specs(config)] == [128, 128, 64, 64, 32, 32]
 
 
+
+@pytest.mark.parametrize("case", [0, 1], ids=["l2", "cosine"])
+def test_prototype_distances_run_in_float32_under_bfloat16(case):
+    """``--dtype bfloat16`` casts parameters and images; the distance maps are still computed
+    in float32 from the bf16 add-on output and the bf16-rounded prototypes (the expanded L2
+    form cancels near a prototype), exactly as the float32 functions would on those values."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    config = CASES[case][0]
+    from cbcert.models import pixpnet as net
+
+    graph, state = nnx.split(net.PixPNet(config, rngs=nnx.Rngs(0)))
+    low = jax.tree.map(lambda a: a.astype(jnp.bfloat16)
+                       if jnp.issubdtype(a.dtype, jnp.floating) else a, state)
+    model = nnx.merge(graph, low)
+    model.prototypes[...] = jax.random.uniform(jax.random.key(1), model.prototypes[...].shape,
+                                               dtype=jnp.bfloat16)
+    x = jnp.asarray(images(2, 32, seed=3), jnp.bfloat16)
+    d = model.distances(x)
+    assert d.dtype == jnp.float32
+    z, p = model.latent(x).astype(jnp.float32), model.prototypes[...].astype(jnp.float32)
+    distance = (net.squared_l2_distances if config.distance == "l2"
+                else net.cosine_distances)
+    np.testing.assert_array_equal(np.asarray(d), np.asarray(distance(z, p)))
+
 @pytest.fixture(scope="module")
 def resnet_checkpoint(tmp_path_factory):
     config, layers = CASES[0]

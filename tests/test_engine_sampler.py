@@ -116,6 +116,55 @@ def test_auto_chunk_size_rounds():
     assert memory.auto_chunk_size(1e9, 10, 3, 1) == 4
 
 
+def test_compute_bound_floor_of_the_automatic_chunk():
+    mib = 2**20
+    # 1.28 MiB per pair (StyleGAN2-64 -> ResNet-50): 8 MiB holds 6 pairs -> floor 8, or 32.
+    assert memory.auto_chunk_size(1.28 * mib, 8 * mib, 1000, 1) == 8
+    assert memory.auto_chunk_size(1.28 * mib, 8 * mib, 1000, 1, compute_bound=True) == 32
+    assert memory.auto_chunk_size(1.28 * mib, 8 * mib, 1000, 2, compute_bound=True) == 64
+    # 20 MiB per pair: 32 pairs would exceed COMPUTE_BOUND_MAX_MEMORY; 12 fit -> 8.
+    assert memory.auto_chunk_size(20 * mib, 8 * mib, 1000, 1, compute_bound=True) == 8
+    # A floor, never a cap: the memory rule's larger chunk and the run's size still decide.
+    assert memory.auto_chunk_size(1000.0, 8 * mib, 10**6, 1, compute_bound=True) == 8192
+    assert memory.auto_chunk_size(1.28 * mib, 8 * mib, 10, 1, compute_bound=True) == 16
+
+
+def _first_chunk(fn, max_memory=None):
+    chunks = []
+    sampler.count_classes(fn, DEEP_WEIGHTS, np.zeros((2, 16384), np.float32), noise.Gaussian(),
+                          0.1, KEY, 32, num_classes=4, max_memory=max_memory,
+                          progress=lambda done, total: chunks.append(done))
+    return chunks[0]
+
+
+DEEP_WEIGHTS = np.asarray(jax.random.normal(jax.random.key(3), (256, 256))) / 16
+
+
+def _deep(params, x):  # 16 matmul layers on 64 rows of 256: ~400 FLOPs per byte per pair
+    h = x.reshape(x.shape[0], 64, 256)
+    for _ in range(16):
+        h = jnp.tanh(h @ params)
+    return h[:, 0, None, :4]
+
+
+def _elementwise(params, x):  # ~5 FLOPs per byte: memory-bound
+    h = x
+    for _ in range(4):
+        h = jnp.tanh(h) * 1.5
+    return h.reshape(x.shape[0], 1, -1)[:, :, :4]
+
+
+def test_compute_bound_steps_get_larger_chunks_only_with_the_default_cpu_budget():
+    """Both steps cost ~0.3 MiB per pair, so the 8 MiB rule gives 16 pairs; the deep one
+    (~400 FLOP/B from XLA's cost analysis) gets 32 with the default CPU budget, and the
+    memory rule again when the caller names a budget."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the compute-bound floor applies to the CPU default budget only")
+    assert _first_chunk(_deep) == 32
+    assert _first_chunk(_deep, max_memory=8 * 2**20) == 16
+    assert _first_chunk(_elementwise) == 16
+
+
 def test_concept_noise_counts_are_deterministic():
     k = 3
     concepts = np.asarray(jax.random.normal(jax.random.key(5), (4, 2 * k + 2)))

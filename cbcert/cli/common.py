@@ -135,7 +135,8 @@ def memory_options(fn):
                      help="Samples per device step (default: from --max-memory)."),
         click.option("--max-memory", type=int, default=None,
                      help="Bytes per device a chunk may use (default: a quarter of the device "
-                          "memory; 8 MiB on CPU)."),
+                          "memory; 8 MiB on CPU, at least 32 samples per step for "
+                          "compute-bound models)."),
     ]
     for option in reversed(options):
         fn = option(fn)

@@ -3,13 +3,17 @@
 A chunk's size is the largest power of two whose per-device memory -- temporaries, outputs and
 per-pair arguments from XLA's memory analysis of the compiled step on a small probe -- fits the
 budget (``max_memory``; a quarter of the device memory on GPU/TPU, 8 MiB on CPU, where small
-chunks stay in cache). `batch_within_memory` does the same for work the sampler does not run
-itself (APGD's gradient steps).
+chunks stay in cache). On CPU with the default budget, a compute-bound step (at least
+``COMPUTE_BOUND_FLOPS_PER_BYTE`` FLOPs per byte of per-pair memory, from XLA's cost analysis of
+the same probe) gets at least ``COMPUTE_BOUND_CHUNK_PER_DEVICE`` pairs: its deep layers' small
+feature maps give matmuls of few rows at small chunks. `batch_within_memory` does the same
+for work the sampler does not run itself (APGD's gradient steps).
 """
 
 import functools
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +34,16 @@ MAX_CHUNK_PER_DEVICE = 2**14
 # Smaller chunks leave matmul units idle whatever the memory estimate says.
 MIN_CHUNK_PER_DEVICE = 8
 _PROBE_PAIRS_PER_DEVICE = 8
+# CPU, default budget: steps this compute-bound (FLOPs per byte of per-pair memory) take at
+# least COMPUTE_BOUND_CHUNK_PER_DEVICE pairs, if those fit COMPUTE_BOUND_MAX_MEMORY. Measured
+# with jax 0.10.2 on 2 cores (interleaved rounds, benchmarks/timing.py), chunk 32 vs chunk 8:
+# ResNet-18 on 64 px images (724 FLOP/B, 0.28 GFLOP/pair) 1.51x, BigGAN-deep-32 -> ResNet-50 at
+# 56 px (600 FLOP/B) 1.28x, StyleGAN2-64 + CB-AE -> ResNet-50 (805 FLOP/B) 1.08x; the built-in
+# world (31 FLOP/B: small convolutions as patch matmuls, memory-bound) runs 0.55-0.66x at 32-64
+# and keeps the 8 MiB rule.
+COMPUTE_BOUND_FLOPS_PER_BYTE = 200.0
+COMPUTE_BOUND_CHUNK_PER_DEVICE = 32
+COMPUTE_BOUND_MAX_MEMORY = 256 * 2**20
 
 
 def batch_within_memory(fn: Callable, params, event_shape: tuple[int, ...], dtype, *,
@@ -74,30 +88,53 @@ def check_max_memory(max_memory: int | None, mesh: Mesh) -> int:
         if not (isinstance(max_memory, int | np.integer) and max_memory >= 1):
             raise ValueError(f"max_memory={max_memory!r} must be a positive number of bytes")
         return int(max_memory)
-    # A device of this process: another host's devices report nothing here (multi-host).
-    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-    stats = (local or list(mesh.devices.flat))[0].memory_stats() or {}
-    if "bytes_limit" in stats:
-        return int(stats["bytes_limit"] * DEFAULT_MEMORY_FRACTION)
+    limit = _device_bytes_limit(mesh)
+    if limit is not None:
+        return int(limit * DEFAULT_MEMORY_FRACTION)
     return DEFAULT_MAX_MEMORY
 
 
-def bytes_per_pair(step, mesh, params, event_shape, input_dtype, key_data, param) -> float:
-    """Per-device bytes one (input, sample) pair costs, from XLA's memory analysis.
+def default_cpu_budget(max_memory: int | None, mesh: Mesh) -> bool:
+    """Whether ``check_max_memory`` falls back to ``DEFAULT_MAX_MEMORY`` (no budget given, and
+    the devices report no capacity: CPU)."""
+    return max_memory is None and _device_bytes_limit(mesh) is None
+
+
+def _device_bytes_limit(mesh: Mesh) -> int | None:
+    # A device of this process: another host's devices report nothing here (multi-host).
+    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    stats = (local or list(mesh.devices.flat))[0].memory_stats() or {}
+    return stats.get("bytes_limit")
+
+
+class PairCost(NamedTuple):
+    """Per-device bytes and FLOPs one (input, sample) pair costs in a compiled step."""
+
+    bytes: float
+    flops: float
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte of per-pair memory (0 where either is unknown)."""
+        return self.flops / self.bytes if self.bytes > 0 else 0.0
+
+
+def pair_cost(step, mesh, params, event_shape, input_dtype, key_data, param) -> PairCost:
+    """Per-device bytes and FLOPs of one (input, sample) pair, from XLA's analyses.
 
     Compiles the step for a small probe chunk and divides its temporaries, outputs and
-    per-pair arguments by the pairs each device holds. Where the backend gives no analysis,
-    falls back to four copies of the event (clean, key bits, noise, noisy). Cached per
-    configuration, so only the first run of a configuration pays for the probe.
+    per-pair arguments, and its cost analysis' FLOPs, by the pairs each device holds. Where
+    the backend gives no memory analysis, falls back to four copies of the event (clean, key
+    bits, noise, noisy); no cost analysis gives 0 FLOPs. Cached per configuration, so only the
+    first run of a configuration pays for the probe.
     """
     leaves, treedef = jax.tree.flatten((params, key_data, param))
     signature = (treedef, tuple((tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in leaves))
-    return _bytes_per_pair_cached(step, mesh, signature, tuple(event_shape),
-                                  np.dtype(input_dtype))
+    return _pair_cost_cached(step, mesh, signature, tuple(event_shape), np.dtype(input_dtype))
 
 
 @functools.lru_cache(maxsize=64)
-def _bytes_per_pair_cached(step, mesh, signature, event_shape, input_dtype) -> float:
+def _pair_cost_cached(step, mesh, signature, event_shape, input_dtype) -> PairCost:
     treedef, avals = signature
     replicated = NamedSharding(mesh, P())
     params, key_data, param = jax.tree.unflatten(
@@ -115,23 +152,34 @@ def _bytes_per_pair_cached(step, mesh, signature, event_shape, input_dtype) -> f
         param,
     )
     event_bytes = math.prod(event_shape) * input_dtype.itemsize
-    analysis = step.lower(*args).compile().memory_analysis()
+    compiled = step.lower(*args).compile()
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, list | tuple) and cost else cost) or {}
+    flops = float(cost.get("flops", 0.0)) / _PROBE_PAIRS_PER_DEVICE  # per-device program
+    analysis = compiled.memory_analysis()
     if analysis is None:
-        return 4.0 * event_bytes
+        return PairCost(4.0 * event_bytes, flops)
     params_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in avals)
     per_pair_args = max(analysis.argument_size_in_bytes - params_bytes, 0.0)
     used = analysis.temp_size_in_bytes + analysis.output_size_in_bytes + per_pair_args
-    return max(used / _PROBE_PAIRS_PER_DEVICE, float(event_bytes))
+    return PairCost(max(used / _PROBE_PAIRS_PER_DEVICE, float(event_bytes)), flops)
 
 
-def auto_chunk_size(per_pair: float, max_memory: int, num_pairs: int, shards: int) -> int:
+def auto_chunk_size(per_pair: float, max_memory: int, num_pairs: int, shards: int, *,
+                    compute_bound: bool = False) -> int:
     """Largest power-of-two chunk per device within ``max_memory``, capped by the run's size.
 
     At least ``MIN_CHUNK_PER_DEVICE`` pairs per device (the budget is a target, not a limit);
-    powers of two keep the batch friendly to matmul tiling and let runs of similar size share
-    one compilation.
+    ``compute_bound`` (a CPU step doing many FLOPs per byte, with the default budget) raises
+    that floor to ``COMPUTE_BOUND_CHUNK_PER_DEVICE`` pairs, or as many as fit
+    ``COMPUTE_BOUND_MAX_MEMORY``. Powers of two keep the batch friendly to matmul tiling and
+    let runs of similar size share one compilation.
     """
-    fits = int(min(max(max_memory // per_pair, MIN_CHUNK_PER_DEVICE), MAX_CHUNK_PER_DEVICE))
+    floor = MIN_CHUNK_PER_DEVICE
+    if compute_bound:
+        floor = max(floor, min(COMPUTE_BOUND_CHUNK_PER_DEVICE,
+                               int(COMPUTE_BOUND_MAX_MEMORY // per_pair)))
+    fits = int(min(max(max_memory // per_pair, floor), MAX_CHUNK_PER_DEVICE))
     per_device = 1 << (fits.bit_length() - 1)
     needed = 1 << max(0, math.ceil(math.log2(-(-num_pairs // shards))))
     return min(per_device, needed) * shards

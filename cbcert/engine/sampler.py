@@ -68,7 +68,8 @@ def count_classes(
       chunk_size: pairs per chunk B, capped at the run's pairs and rounded up to a multiple of
         the device count; default from ``max_memory``.
       max_memory: bytes per device a chunk may use when ``chunk_size`` is None (default: a
-        quarter of the device memory, or 8 MiB where the device does not report it).
+        quarter of the device memory, or 8 MiB where the device does not report it, with at
+        least 32 pairs per device for compute-bound steps; see ``cbcert.engine.memory``).
       mesh: device mesh to split chunks over (default: all devices, one ``"data"`` axis).
       progress: ``callback(done, total)`` called after every chunk, or None (the engine draws
         no progress bars; front ends such as the CLI do).
@@ -302,10 +303,13 @@ class _Run:
         params = sharding.put_replicated(mesh, params)
         num_pairs = num_inputs * int(num_samples)
         if chunk_size is None:
-            per_pair = memory.bytes_per_pair(step, mesh, params, event_shape, inputs.dtype,
-                                       key_data, param)
-            chunk_size = memory.auto_chunk_size(per_pair, memory.check_max_memory(max_memory, mesh),
-                                          num_pairs, shards)
+            cost = memory.pair_cost(step, mesh, params, event_shape, inputs.dtype, key_data,
+                                    param)
+            compute_bound = (memory.default_cpu_budget(max_memory, mesh)
+                             and cost.intensity >= memory.COMPUTE_BOUND_FLOPS_PER_BYTE)
+            chunk_size = memory.auto_chunk_size(cost.bytes,
+                                                memory.check_max_memory(max_memory, mesh),
+                                                num_pairs, shards, compute_bound=compute_bound)
         elif not (isinstance(chunk_size, int | np.integer) and chunk_size >= 1):
             raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1")
         else:

@@ -248,11 +248,17 @@ class PixPNet(nnx.Module):
         return z
 
     def distances(self, x: jax.Array) -> jax.Array:
-        """Prototype distance maps: ``[B, H, W, 3] -> [B, h, w, P]``."""
+        """Prototype distance maps: ``[B, H, W, 3] -> [B, h, w, P]``.
+
+        In float32 whatever the compute dtype (``--dtype bfloat16``): the expanded L2 form
+        cancels near a prototype, where the log similarity is steepest (see
+        ``world_nets.PrototypeLayer.distances``). In float32 the program is unchanged."""
         z = self.latent(x)
+        z = z.astype(jnp.promote_types(z.dtype, jnp.float32))
+        prototypes = self.prototypes[...].astype(z.dtype)
         if self.config.distance == "l2":
-            return squared_l2_distances(z, self.prototypes[...])
-        return cosine_distances(z, self.prototypes[...])
+            return squared_l2_distances(z, prototypes)
+        return cosine_distances(z, prototypes)
 
     def similarities(self, x: jax.Array) -> jax.Array:
         """Max-pooled prototype similarities (global min-pool of distances): ``-> [B, P]``."""

@@ -131,9 +131,16 @@ class PrototypeLayer(nnx.Module):
         self.last = nnx.Param(identity - 0.5 * (1.0 - identity))  # ProtoPNet init
 
     def distances(self, t):
-        """Min over positions of squared L2 distances: ``[B, h, w, Cin] -> [B, P]``."""
+        """Min over positions of squared L2 distances: ``[B, h, w, Cin] -> [B, P]``.
+
+        Computed in float32 whatever the compute dtype (``--dtype bfloat16`` casts the trunk
+        and the parameters): the expanded ``‖f‖² − 2 f·p + ‖p‖²`` cancels where a prototype
+        is near, exactly where the log similarity is steepest, and in bfloat16 the proto
+        head's argmax agreed with float32 on 68 % of noisy samples (10⁴, built-in world; 96 %
+        for the other heads). In float32 the program is unchanged."""
+        t = t.astype(jnp.promote_types(t.dtype, jnp.float32))
         f = jax.nn.sigmoid(self.add2(jax.nn.relu(self.add1(t))))  # [B, h, w, D]
-        protos = self.prototypes[...]  # [P, D]
+        protos = self.prototypes[...].astype(f.dtype)  # [P, D]
         d2 = (
             jnp.sum(f * f, axis=-1, keepdims=True)
             - 2.0 * jnp.einsum("bhwd,pd->bhwp", f, protos)

@@ -1,0 +1,68 @@
+"""The prepared accelerator benchmark (`benchmarks/accelerator.sh`) runs end to end on a CPU.
+
+The script is meant for a GPU machine, where a failure costs scarce device time; here it runs at
+the ``tiny`` scale (32 px generators, ResNet-50 at 32 px, one timing round) so that a broken
+import, a parity failure (the script exits non-zero when JAX and PyTorch disagree) or a missing
+report line shows up in CI, not on the accelerator. Timings are not asserted (they are
+measurements, not behaviour).
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINES = ("StyleGAN2 + CB-AE", "BigGAN-deep")
+
+
+@pytest.fixture(scope="module")
+def tiny_run():
+    env = {**os.environ, "CBCERT_BENCH_SCALE": "tiny", "CBCERT_BENCH_THREADS": "2",
+           "CBCERT_BENCH_ARGS": "--rounds 1 --agreement 32", "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "accelerator.sh")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=900)
+    return done
+
+
+def test_the_script_exits_zero_and_prints_versions(tiny_run):
+    assert tiny_run.returncode == 0, tiny_run.stdout[-4000:] + tiny_run.stderr[-4000:]
+    assert "scale tiny" in tiny_run.stdout
+    assert re.search(r"jax \d+\.\d+.*flax \d+\.\d+.*torch \d+\.\d+", tiny_run.stdout)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_each_pipeline_reports_every_contender(tiny_run, pipeline):
+    sections = tiny_run.stdout.split("\n\n")
+    found = [s for s in sections if s.startswith(f"{pipeline}:")]
+    assert len(found) == 1, tiny_run.stdout[-4000:]
+    section = found[0]
+    assert "parity (4 noisy latents)" in section
+    assert re.search(r"forward pass: \d+\.\d+ GFLOP/sample", section)
+    for contender in ("torch fp32, batch 8 ", "torch channels_last", "engine fp32 ",
+                      "engine bf16 "):
+        line = next((ln for ln in section.splitlines() if ln.strip().startswith(contender)),
+                    None)
+        assert line is not None, (contender, section)
+        assert re.search(r"\d+ samples/s +MFU \d+\.\d%", line), line
+    assert re.search(r"engine bf16 .*first call \d+\.\d s", section)
+    assert re.search(r"process peak RSS \(both frameworks\): \d+\.\d\d GiB", section)
+    # 32 samples requested over the 2 inputs: 16 each, all compared.
+    agreement = re.search(r"bf16 vs fp32 argmax agreement .*: (\d+)/(\d+) = ", section)
+    assert agreement is not None and int(agreement.group(2)) == 32, section
+    assert 0 <= int(agreement.group(1)) <= 32
+    best = r"best engine \(engine (fp32|bf16)\) vs best PyTorch \(torch .*\): x\d"
+    assert re.search(best, section)
+
+
+def test_bad_options_are_refused_naming_them():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "generator_throughput.py"),
+                           "--rounds", "0"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 2
+    assert "--rounds=0" in done.stderr
