@@ -438,8 +438,7 @@ def case_world(quick: bool, peak: float) -> None:
         engine[f"engine fp32, chunk {chunk or 'auto'}"] = engine_rate(
             apply_fn, params, latents, num, classes, 3, chunk_size=chunk)
     # as cbcert.runs.certify runs --dtype bfloat16: parameters and samples cast
-    bf16_params = jax.tree.map(lambda a: a.astype(jnp.bfloat16)
-                               if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+    bf16_params = sampler.cast_floating(params, jnp.bfloat16)
     engine["engine dtype=bf16 (as shipped)"] = engine_rate(
         apply_fn, bf16_params, latents, num, classes, 3, dtype=jnp.bfloat16)
     engine["engine bf16 classifiers"] = engine_rate(mixed_bf16, params, latents, num, classes, 3)

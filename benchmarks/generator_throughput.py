@@ -244,18 +244,13 @@ def cohen_counts(model: nn.Module, x: torch.Tensor, num: int, batch: int, num_cl
 
 def torch_sweep(model: nn.Module, latents: torch.Tensor, num_classes: int
                 ) -> tuple[dict[int, float], dict[int, float | None]]:
-    """One pass of `cohen_counts` at each ``--batches`` size (after one warm-up pass each):
+    """One `torch_work` pass at each ``--batches`` size (after one warm-up pass each):
     samples/s and peak device bytes (None off GPU), to find PyTorch's best batch."""
     rates, peaks = {}, {}
     for batch in ARGS.batches:
         if TORCH_DEVICE == "cuda":
             torch.cuda.reset_peak_memory_stats()
-
-        def work(batch=batch):
-            for x in latents:
-                cohen_counts(model, x, ARGS.num, batch, num_classes)
-            return len(latents) * ARGS.num
-
+        work = torch_work(model, latents, batch, num_classes)
         work()
         rates[batch] = timing.timed_rate(work, 0.0)
         peaks[batch] = torch.cuda.max_memory_allocated() if TORCH_DEVICE == "cuda" else None
@@ -588,8 +583,7 @@ def run_pipeline(name: str, torch_images: nn.Module, gen, description: str, scal
     bf16_params = None
     if ARGS.dtype in ("bfloat16", "both"):
         # as cbcert.runs.certify does for --dtype bfloat16: parameters and samples cast
-        bf16_params = jax.tree.map(lambda a: a.astype(jnp.bfloat16)
-                                   if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+        bf16_params = sampler.cast_floating(params, jnp.bfloat16)
         chunks["engine bf16"] = []
         kinds["engine bf16"] = "bf16"
         contenders["engine bf16"] = engine_work(apply_fn, bf16_params, latents, classes,

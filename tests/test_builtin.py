@@ -338,18 +338,15 @@ def test_prototype_distances_run_in_float32_under_bfloat16():
     import jax.numpy as jnp
     from flax import nnx
 
+    from cbcert.engine.sampler import cast_floating
     from cbcert.models.world_nets import NetConfig, PrototypeLayer
 
     layer = PrototypeLayer(16, NetConfig(num_classes=4, num_concepts=6), rngs=nnx.Rngs(0))
     graph, state = nnx.split(layer)
 
-    def cast(tree, dtype):
-        return jax.tree.map(
-            lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
-
-    low = cast(state, jnp.bfloat16)
+    low = cast_floating(state, jnp.bfloat16)
     t = jax.random.uniform(jax.random.key(2), (4, 6, 6, 16)).astype(jnp.bfloat16)
     d_low = nnx.merge(graph, low).distances(t)
-    d_up = nnx.merge(graph, cast(low, jnp.float32)).distances(t.astype(jnp.float32))
+    d_up = nnx.merge(graph, cast_floating(low, jnp.float32)).distances(t.astype(jnp.float32))
     assert d_low.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(d_low), np.asarray(d_up))

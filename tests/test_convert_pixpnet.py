@@ -215,12 +215,11 @@ def test_prototype_distances_run_in_float32_under_bfloat16(case):
     from flax import nnx
 
     config = CASES[case][0]
+    from cbcert.engine.sampler import cast_floating
     from cbcert.models import pixpnet as net
 
     graph, state = nnx.split(net.PixPNet(config, rngs=nnx.Rngs(0)))
-    low = jax.tree.map(lambda a: a.astype(jnp.bfloat16)
-                       if jnp.issubdtype(a.dtype, jnp.floating) else a, state)
-    model = nnx.merge(graph, low)
+    model = nnx.merge(graph, cast_floating(state, jnp.bfloat16))
     model.prototypes[...] = jax.random.uniform(jax.random.key(1), model.prototypes[...].shape,
                                                dtype=jnp.bfloat16)
     x = jnp.asarray(images(2, 32, seed=3), jnp.bfloat16)

@@ -129,15 +129,15 @@ def test_compute_bound_floor_of_the_automatic_chunk():
     assert memory.auto_chunk_size(1.28 * mib, 8 * mib, 10, 1, compute_bound=True) == 16
 
 
+DEEP_WEIGHTS = np.asarray(jax.random.normal(jax.random.key(3), (256, 256))) / 16
+
+
 def _first_chunk(fn, max_memory=None):
     chunks = []
     sampler.count_classes(fn, DEEP_WEIGHTS, np.zeros((2, 16384), np.float32), noise.Gaussian(),
                           0.1, KEY, 32, num_classes=4, max_memory=max_memory,
                           progress=lambda done, total: chunks.append(done))
     return chunks[0]
-
-
-DEEP_WEIGHTS = np.asarray(jax.random.normal(jax.random.key(3), (256, 256))) / 16
 
 
 def _deep(params, x):  # 16 matmul layers on 64 rows of 256: ~400 FLOPs per byte per pair

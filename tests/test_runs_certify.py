@@ -351,24 +351,13 @@ def test_bfloat16_runs_certify_from_integer_counts_in_float64(world, tmp_path):
     Clopper–Pearson bound of its own count and the L2 radius of that bound, to the last bit
     (a bf16 number has 8 significant bits, so a bf16 certificate would differ from the third
     digit on). The spy checks that the noisy latents really reached the generator in bf16."""
-    import dataclasses
-
     from cbcert.certify.bounds import clopper_pearson_lower
-    from cbcert.worlds.world import World
 
-    seen = []
-    gen = world.generator
-
-    def g1(params, z):
-        seen.append(z.dtype)
-        return gen.g1(params, z)
-
-    fields = {f.name: getattr(world, f.name) for f in dataclasses.fields(World)}
-    spied = World(**{**fields, "generator": dataclasses.replace(gen, g1=g1)})
+    spied, seen = spy_world(world, record=lambda x: x.dtype)
     job = CertifyJob(noise="gaussian", scale=0.1, dtype="bfloat16", **SMALL)
     run(spied, job, tmp_path)
-    assert np.dtype("bfloat16") in {np.dtype(d) for d in seen}
-    rule = job.smoothing.radius_rule(job.scale, gen.num_concepts)
+    assert ("g1", np.dtype("bfloat16")) in {(name, np.dtype(d)) for name, d in seen}
+    rule = job.smoothing.radius_rule(job.scale, world.generator.num_concepts)
     records = _lines(tmp_path)
     assert any(r["radius"] is not None for r in records)
     for r in records:

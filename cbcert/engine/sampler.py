@@ -204,6 +204,18 @@ class Unperturbed:
 _UNUSED_KEY = np.zeros(2, np.uint32)
 
 
+def cast_floating(tree, dtype):
+    """``tree`` with every floating-point leaf cast to ``dtype``; other leaves unchanged.
+
+    The parameters of a reduced-precision run: ``--dtype bfloat16`` casts the generator's and
+    the classifiers' parameters with it and the noisy samples with ``count_classes(...,
+    dtype=)``; counts stay integers. ``cast_floating({"w": f32[2], "n": i32[]}, jnp.bfloat16)
+    -> {"w": bf16[2], "n": i32[]}``.
+    """
+    return jax.tree.map(
+        lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+
 @functools.lru_cache(maxsize=64)
 def _clean_body(fn: Callable) -> Callable:
     """``map_samples`` body applying ``fn`` to the clean inputs (cached: one jitted step)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cbcert.api import Noise, Smoothed
@@ -26,6 +27,7 @@ from cbcert.certify.schedule import SEQUENTIAL_KEYS, Schedule, Stopping, check_s
 from cbcert.certify.sequential import STOP_REASONS
 from cbcert.certify.smoothing import Smoothing, smoothing
 from cbcert.engine.keys import Stream, stream_key
+from cbcert.engine.sampler import cast_floating
 from cbcert.robustness.certification import records_subset_summary
 from cbcert.runs import sequential
 from cbcert.runs.directory import (
@@ -278,9 +280,7 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
 
     params = world.params
     if job.dtype == "bfloat16":
-        params = jax.tree.map(
-            lambda a: a.astype("bfloat16") if np.issubdtype(a.dtype, np.floating) else a, params
-        )
+        params = cast_floating(params, jnp.bfloat16)
     apply_fn = world.apply(job.space, job.models)
     inputs = space_inputs(world, pool.latents, job.space, **memory)
     noise = world.noise(job.smoothing.noise(k), job.space)
