@@ -3,16 +3,22 @@
 A small CNN is trained in PyTorch on a synthetic 4-class image task (the class is the
 brightest quadrant of a noisy 12x12 image), then copied weight for weight into JAX.
 Both attacks run with the same eps, norm, 100 iterations and restarts on the same
-test images; the script prints clean and robust accuracies, the wall times of both (torch:
-best of two runs; jax: the first call, which compiles, apart from the steady state, the best
-of two later calls with other keys) and the steady-state speed-up. The two
+test images; the script prints clean and robust accuracies and wall times. The two
 should agree within ~2 points (they differ only by their random starts; the spread of
 the JAX attack over three keys is printed for scale).
+
+Timing (``benchmarks/timing.py``'s rule): after one call of each (the JAX one compiles; its
+time is printed apart), every setting runs both attacks once per round, in alternating order,
+for ``--rounds`` rounds (the JAX attack with a new key each round); the speed-up is the median
+of the per-round ratios torchattacks seconds / JAX seconds, with its range. A second table
+splits one iteration into the model's forward+backward pass (the same loss gradient repeated
+``n_iter`` times in a compiled loop / a torch loop) and the rest (the attack's own work), so a
+gap can be put on the model or on the attack.
 
 Reference package: ``pip install --no-deps torchattacks==3.5.1`` (its declared
 torchvision/requests pins are not needed by ``torchattacks.APGD``).
 
-Run: ``PYTHONPATH=. python benchmarks/apgd_reference.py`` (about a minute on 2 CPUs).
+Run: ``PYTHONPATH=. python benchmarks/apgd_reference.py`` (about two minutes on 2 CPUs).
 """
 
 from __future__ import annotations
@@ -124,15 +130,62 @@ def run_jax(logits_fn, images, labels, eps, norm, n_iter, n_restarts, seed):
     return float(1.0 - info.fooled.mean()), seconds
 
 
+def gradient_seconds(model, logits_fn, images, labels, n_iter) -> tuple[float, float]:
+    """Seconds per loss gradient of the model alone: ``(jax, torch)``.
+
+    ``n_iter`` gradients of the summed cross-entropy w.r.t. the ``[B, 1, 12, 12]`` inputs, each
+    step moving the inputs by ``1e-6 * sign(grad)`` so that no step can be skipped or hoisted;
+    JAX runs them in one compiled ``fori_loop`` (as the attack does), torch in a Python loop
+    (as torchattacks does). Best of two timed runs after a warm-up, divided by ``n_iter``.
+    """
+    y = jnp.asarray(labels)
+
+    def loss(x):
+        logits = logits_fn(x)
+        true = jnp.take_along_axis(logits, y[:, None], 1)[:, 0]
+        return (jax.nn.logsumexp(logits, -1) - true).sum()
+
+    @jax.jit
+    def jax_loop(x):
+        return jax.lax.fori_loop(0, n_iter, lambda i, x: x + 1e-6 * jnp.sign(jax.grad(loss)(x)), x)
+
+    xt, yt = torch.from_numpy(images), torch.from_numpy(labels)
+
+    def torch_loop():
+        x = xt
+        for _ in range(n_iter):
+            x = x.clone().requires_grad_()
+            loss = nn.functional.cross_entropy(model(x), yt, reduction="sum")
+            grad, = torch.autograd.grad(loss, x)
+            x = (x + 1e-6 * grad.sign()).detach()
+        return x
+
+    def best(fn):
+        fn()
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            times.append(time.perf_counter() - start)
+        return min(times) / n_iter
+
+    return best(lambda: jax_loop(jnp.asarray(images))), best(torch_loop)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=512, help="attacked test inputs")
     parser.add_argument("--n-iter", type=int, default=100)
     parser.add_argument("--restarts", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timed rounds per setting (both attacks once per round)")
     parser.add_argument("--conv", choices=("engine", "native"), default="engine",
                         help="the JAX twin's convolutions: cbcert.nn.layers.conv (as cbcert's "
                              "models run them) or lax.conv_general_dilated")
     args = parser.parse_args()
+    if min(args.n, args.n_iter, args.restarts, args.rounds) < 1:
+        parser.error(f"--n={args.n}, --n-iter={args.n_iter}, --restarts={args.restarts}, "
+                     f"--rounds={args.rounds}: each must be >= 1")
     torch.manual_seed(0)
     torch.set_num_threads(2)
 
@@ -145,33 +198,59 @@ def main() -> None:
         torch_logits = model(torch.from_numpy(images)).numpy()
     twin_gap = np.abs(np.asarray(logits_fn(jnp.asarray(images))) - torch_logits).max()
     clean = float((torch_logits.argmax(1) == labels).mean())
-    print(f"inputs {args.n}, n_iter {args.n_iter}, restarts {args.restarts}, JAX convolutions "
-          f"{args.conv}; jax {jax.__version__}, torch {torch.__version__}, torchattacks "
-          f"{torchattacks.__version__}")
+    print(f"inputs {args.n}, n_iter {args.n_iter}, restarts {args.restarts}, rounds "
+          f"{args.rounds}, JAX convolutions {args.conv}; jax {jax.__version__}, torch "
+          f"{torch.__version__}, torchattacks {torchattacks.__version__}")
     print(f"clean accuracy {clean:.3f}; max |logit torch - logit jax| {twin_gap:.2e}")
-    print("norm  eps   robust accuracy: torch  jax key 0  keys 1, 2  jax - torch | seconds: "
-          "torch (best of 2)  jax first call  jax steady (best of keys 1, 2)  speed-up")
-    ratios = []
-    for norm, epsilons in (("linf", (0.03, 0.06)), ("l2", (0.3, 0.6))):
-        for eps in epsilons:
-            refs = [run_torch(model, images, labels, eps, norm, args.n_iter, args.restarts)
-                    for _ in range(2)]
-            ref, ref_s = refs[0][0], min(r[1] for r in refs)
-            ours = [
-                run_jax(logits_fn, images, labels, eps, norm, args.n_iter, args.restarts, s)
-                for s in range(3)
-            ]
-            steady = min(ours[1][1], ours[2][1])
-            ratios.append(ref_s / steady)
-            print(
-                f"{norm:4s}  {eps:.2f}                   {ref:.3f}  {ours[0][0]:.3f}      "
-                f"{ours[1][0]:.3f} {ours[2][0]:.3f}  {100 * (ours[0][0] - ref):+5.1f} pts | "
-                f"{ref_s:6.2f}  {ours[0][1]:6.2f} (compilation ~{ours[0][1] - steady:.1f})  "
-                f"{steady:6.2f}  x{ref_s / steady:.2f}"
-            )
+    attack = (args.n_iter, args.restarts)
+    settings = [(norm, eps) for norm, epsilons in (("linf", (0.03, 0.06)), ("l2", (0.3, 0.6)))
+                for eps in epsilons]
+    rows = {}
+    for norm, eps in settings:  # warm-up calls: torch's first run, JAX's compiling one (key 0)
+        torch_acc, _ = run_torch(model, images, labels, eps, norm, *attack)
+        jax_acc, first = run_jax(logits_fn, images, labels, eps, norm, *attack, 0)
+        rows[norm, eps] = dict(torch_acc=torch_acc, jax_acc=[jax_acc], first=first,
+                               torch_s=[], jax_s=[])
+    for r in range(args.rounds):
+        for i, (norm, eps) in enumerate(settings):
+            row = rows[norm, eps]
+
+            def time_torch(row=row, norm=norm, eps=eps):
+                row["torch_s"].append(run_torch(model, images, labels, eps, norm, *attack)[1])
+
+            def time_jax(row=row, norm=norm, eps=eps, seed=r + 1):
+                acc, seconds = run_jax(logits_fn, images, labels, eps, norm, *attack, seed)
+                row["jax_acc"].append(acc)
+                row["jax_s"].append(seconds)
+
+            for run in ((time_torch, time_jax) if (r + i) % 2 == 0 else (time_jax, time_torch)):
+                run()
+    print("norm  eps   robust accuracy: torch  jax key 0  keys 1.. (min-max)  jax - torch | "
+          "seconds (median over rounds): torch  jax first call  jax  | speed-up torch/jax "
+          "per round: median (range)")
+    all_ratios = []
+    for (norm, eps), row in rows.items():
+        ratios = [t / j for t, j in zip(row["torch_s"], row["jax_s"], strict=True)]
+        all_ratios += ratios
+        later = row["jax_acc"][1:]
+        steady = float(np.median(row["jax_s"]))
+        print(f"{norm:4s}  {eps:.2f}                   {row['torch_acc']:.3f}  "
+              f"{row['jax_acc'][0]:.3f}      {min(later):.3f}-{max(later):.3f}     "
+              f"{100 * (row['jax_acc'][0] - row['torch_acc']):+5.1f} pts | "
+              f"{np.median(row['torch_s']):6.2f}  {row['first']:6.2f} (compilation "
+              f"~{row['first'] - steady:.1f})  {steady:6.2f} | x{np.median(ratios):.2f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f})")
     print(f"steady-state speed-up (torchattacks seconds / jax seconds, same model, inputs, "
-          f"iterations): median x{np.median(ratios):.2f}, range {min(ratios):.2f}-"
-          f"{max(ratios):.2f}; compilation is paid once per (norm, model, batch shape)")
+          f"iterations; {len(all_ratios)} paired runs): median x{np.median(all_ratios):.2f}, "
+          f"range {min(all_ratios):.2f}-{max(all_ratios):.2f}; compilation is paid once per "
+          f"(norm, model, batch shape)")
+    jax_grad, torch_grad = gradient_seconds(model, logits_fn, images, labels, args.n_iter)
+    for name, grad, key in (("jax", jax_grad, "jax_s"), ("torch", torch_grad, "torch_s")):
+        per_iter = float(np.median([s for row in rows.values() for s in row[key]])) / (
+            args.n_iter * args.restarts)
+        print(f"per iteration, {name:5s}: {1e3 * per_iter:6.2f} ms = model forward+backward "
+              f"{1e3 * grad:6.2f} ms + attack {1e3 * (per_iter - grad):+6.2f} ms")
+
 
 if __name__ == "__main__":
     main()

@@ -66,3 +66,28 @@ def test_bad_options_are_refused_naming_them():
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert done.returncode == 2
     assert "--rounds=0" in done.stderr
+
+
+def test_conv_layers_checks_every_path_against_torch_and_reports_the_gap():
+    """`conv_layers.py` at 32 px, batch 1: every ResNet-50 convolution shape, each JAX path
+    compared with PyTorch (the script exits 1 on a mismatch), one row per shape, the totals."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "conv_layers.py"),
+                           "--batch", "1", "--size", "32", "--rounds", "1", "--min-seconds", "0"],
+                          cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [ln for ln in done.stdout.splitlines() if re.match(r"\s*\d+\s+\d+\s+[137]\s+[12]\s", ln)]
+    # 23 distinct shapes: the stem, and per stage 1x1/3x3/1x1 (+ the strided variants and
+    # the projection) — ResNet-50 at 32 px has the same shapes list as at 224 px.
+    assert len(rows) == 23, done.stdout
+    assert sum(int(ln.split()[5]) for ln in rows) == 53  # 1 stem + 16 blocks x 3 + 4 shortcuts
+    assert re.search(r"whole network .* torch/engine x\d+\.\d\d", done.stdout)
+    assert re.search(r"float32 matmul 2048\^3, GFLOP/s: xla \d+, torch \d+", done.stdout)
+
+
+def test_conv_layers_refuses_bad_options_naming_them():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "conv_layers.py"),
+                           "--batch", "0"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 2
+    assert "--batch=0" in done.stderr

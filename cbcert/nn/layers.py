@@ -92,8 +92,9 @@ def native_is_faster(x_shape: tuple[int, ...], kernel_shape: tuple[int, ...], st
     to memory (57.8 MB for a 3×3, 256-channel convolution on 28×28 maps at batch 8, which lands
     in freshly mapped pages), so on large maps it runs 1.5-5× faster, and it gives the same
     float32 sums (bit-identical on ResNet-50). On maps of 2×2 it collapses to 0.4-5 GFLOP/s
-    (measured with jax 0.10.2 on 2 cores, ``benchmarks/conv_sweep.py``), where the patch matmul
-    stays at matmul speed; 1×1 kernels are plain matmuls either way.
+    (measured with jax 0.10.2 on 2 cores), where the patch matmul stays at matmul speed; 1×1
+    kernels are plain matmuls either way. ``benchmarks/conv_layers.py`` times both paths on
+    every ResNet-50 convolution shape (``--size 32`` for small maps) against PyTorch.
     """
     if jax.default_backend() != "cpu":
         return True
