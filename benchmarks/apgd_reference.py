@@ -5,7 +5,7 @@ brightest quadrant of a noisy 12x12 image), then copied weight for weight into J
 Both attacks run with the same eps, norm, 100 iterations and restarts on the same
 test images; the script prints clean and robust accuracies and wall times. The two
 should agree within ~2 points (they differ only by their random starts; the spread of
-the JAX attack over three keys is printed for scale).
+the JAX attack over the keys of the timed rounds is printed for scale).
 
 Timing (``benchmarks/timing.py``'s rule): after one call of each (the JAX one compiles; its
 time is printed apart), every setting runs both attacks once per round, in alternating order,
@@ -18,7 +18,7 @@ gap can be put on the model or on the attack.
 Reference package: ``pip install --no-deps torchattacks==3.5.1`` (its declared
 torchvision/requests pins are not needed by ``torchattacks.APGD``).
 
-Run: ``PYTHONPATH=. python benchmarks/apgd_reference.py`` (about two minutes on 2 CPUs).
+Run: ``PYTHONPATH=. python benchmarks/apgd_reference.py`` (~65 s on 2 CPUs).
 """
 
 from __future__ import annotations

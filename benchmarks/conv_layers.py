@@ -77,19 +77,16 @@ def resnet50_convolutions(size: int) -> dict[tuple[int, int, int, int, int], int
 
 def main() -> None:
     args = parse_args()
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_cpu_multi_thread_eigen=true"
-                               f" intra_op_parallelism_threads={args.threads}").strip()
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[name] = str(args.threads)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from resnet50_throughput import pin_threads
+
+    pin_threads(args.threads)  # before jax and torch are imported
 
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import torch
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     import timing
+    import torch
 
     from cbcert.nn.layers import conv, conv_patches
 

@@ -60,10 +60,15 @@ def test_each_pipeline_reports_every_contender(tiny_run, pipeline):
     assert re.search(best, section)
 
 
+def run_benchmark(script: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    """``python benchmarks/<script> <args>`` from the repository root, output captured."""
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT,
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=timeout)
+
+
 def test_bad_options_are_refused_naming_them():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "generator_throughput.py"),
-                           "--rounds", "0"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    done = run_benchmark("generator_throughput.py", "--rounds", "0", timeout=120)
     assert done.returncode == 2
     assert "--rounds=0" in done.stderr
 
@@ -71,10 +76,8 @@ def test_bad_options_are_refused_naming_them():
 def test_conv_layers_checks_every_path_against_torch_and_reports_the_gap():
     """`conv_layers.py` at 32 px, batch 1: every ResNet-50 convolution shape, each JAX path
     compared with PyTorch (the script exits 1 on a mismatch), one row per shape, the totals."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "conv_layers.py"),
-                           "--batch", "1", "--size", "32", "--rounds", "1", "--min-seconds", "0"],
-                          cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    done = run_benchmark("conv_layers.py", "--batch", "1", "--size", "32", "--rounds", "1",
+                         "--min-seconds", "0", timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [ln for ln in done.stdout.splitlines() if re.match(r"\s*\d+\s+\d+\s+[137]\s+[12]\s", ln)]
     # 23 distinct shapes: the stem, and per stage 1x1/3x3/1x1 (+ the strided variants and
@@ -86,8 +89,6 @@ def test_conv_layers_checks_every_path_against_torch_and_reports_the_gap():
 
 
 def test_conv_layers_refuses_bad_options_naming_them():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "conv_layers.py"),
-                           "--batch", "0"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    done = run_benchmark("conv_layers.py", "--batch", "0", timeout=120)
     assert done.returncode == 2
     assert "--batch=0" in done.stderr
