@@ -32,6 +32,7 @@ def test_counts_shape_and_totals():
     np.testing.assert_array_equal(counts.sum(axis=-1), 50)
 
 
+@pytest.mark.float_bits
 @pytest.mark.parametrize("chunk_size", [7, 1000, None])
 def test_counts_are_identical_for_any_chunk_size(chunk_size):
     np.testing.assert_array_equal(_counts(chunk_size=chunk_size), _counts(chunk_size=64))
@@ -280,6 +281,7 @@ def test_continuous_counts_are_the_first_samples_of_each_input():
         np.testing.assert_array_equal(result.counts[n], alone[0])
 
 
+@pytest.mark.float_bits
 @pytest.mark.parametrize("chunk_size", [1, 3, 64, 1000, None])
 def test_continuous_is_identical_for_any_chunk_size_and_subset(chunk_size):
     reference = _sequential(chunk_size=7)
@@ -291,6 +293,36 @@ def test_continuous_is_identical_for_any_chunk_size_and_subset(chunk_size):
     part = _sequential(inputs=INPUTS[subset], indices=subset, chunk_size=chunk_size)
     np.testing.assert_array_equal(part.counts, reference.counts[subset])
     np.testing.assert_array_equal(part.samples, reference.samples[subset])
+
+
+def _counted_exactly(checkpoints, decide):
+    """``decide`` that first checks each input arrives with exactly ``checkpoints[k]`` labels."""
+
+    def checked(rows, k, counts):
+        got = counts[:, 0].sum(-1)
+        assert (got == checkpoints[k]).all(), f"checkpoint {k}: rows {rows} counted {got}"
+        return decide(rows, k, counts)
+
+    return checked
+
+
+@pytest.mark.float_bits
+@pytest.mark.parametrize("num_inputs, chunk_sizes", [(40, (8, 16, 64, 4096)),
+                                                     (4096, (512, 4096))])
+def test_continuous_chunks_holding_two_checkpoints_decide_each_at_its_own(num_inputs,
+                                                                          chunk_sizes):
+    # A chunk larger than the first checkpoint holds inputs reaching checkpoint k beside inputs
+    # reaching k + 1: one that continues past k in that read-back must not be decided at k + 1
+    # before its samples are back (regression: a chunk of 16 with checkpoints 8, 16, …).
+    checkpoints = (8, 16, 32, 64)
+    inputs = np.asarray(jax.random.normal(jax.random.key(3), (num_inputs, D)))
+    decide = _counted_exactly(checkpoints, _decisive)
+    results = [_sequential(checkpoints=checkpoints, decide=decide, inputs=inputs, chunk_size=c)
+               for c in chunk_sizes]
+    assert len(set(results[0].samples)) >= 3  # inputs continue past two checkpoints
+    for chunk, result in zip(chunk_sizes[1:], results[1:], strict=True):
+        np.testing.assert_array_equal(result.counts, results[0].counts, err_msg=str(chunk))
+        np.testing.assert_array_equal(result.samples, results[0].samples, err_msg=str(chunk))
 
 
 def test_continuous_decides_at_every_checkpoint_and_reports_each_input_once():

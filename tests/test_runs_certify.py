@@ -248,6 +248,18 @@ def test_sequential_records_are_identical_across_chunk_sizes_and_resumption(worl
     assert reasons - {"n"}, "the run must stop some input early to test anything"
 
 
+def test_sequential_chunks_holding_two_checkpoints(world, tmp_path):
+    # Chunks of 16 hold inputs at checkpoint 8 beside inputs at 16; this run once stopped with
+    # "checkpoint 1 needs 16 samples per input; got [8, 16]" (cbcert.engine.continuous).
+    job = CertifyJob(noise="bernoulli", scale=0.2, schedule="sequential", first_checkpoint=8,
+                     target_radius=1.0, models=("std", "proto"), **SMALL)
+    for chunk in (8, 16):
+        run(world, job, tmp_path / str(chunk), chunk_size=chunk)
+    eight, sixteen = (sorted(map(_strip, _lines(tmp_path / d)), key=_key) for d in ("8", "16"))
+    assert sixteen == eight
+    assert len({r["samples"] for r in eight}) > 1, "inputs must stop at several checkpoints"
+
+
 def test_sequential_records_and_summary_have_the_documented_fields(world, tmp_path):
     job = CertifyJob(noise="bernoulli", scale=0.2, schedule="sequential", first_checkpoint=8,
                      target_radius=1.0, models=("std", "proto"), **SMALL)

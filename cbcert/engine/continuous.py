@@ -192,8 +192,11 @@ class _Scheduler:
         self.seconds[uniq] += elapsed * per_row / valid
         target = np.asarray(self.checkpoints)[self.level[uniq]]
         reached = uniq[self.returned[uniq] == target]
-        for k in np.unique(self.level[reached]):
-            self._decide(reached[self.level[reached] == k], int(k))
+        # Levels as they were at read-back: an input that continues past checkpoint k in this
+        # loop is headed to k + 1 and must not be decided there before its samples are back.
+        levels = self.level[reached]
+        for k in np.unique(levels):
+            self._decide(reached[levels == k], int(k))
 
     def _decide(self, rows: np.ndarray, k: int) -> None:
         stop = np.asarray(self.decide(rows, k, self.counts[rows].copy()), bool)
