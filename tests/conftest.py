@@ -9,6 +9,13 @@ Subprocesses inherit the setting.
 ``paper_run`` is configs/paper.yaml swept and reported at reduced sizes on the shipped weights
 (minutes of compilation, so run once and shared by tests/test_paper.py and
 tests/test_report_worlds.py; tests that change it work on a copy).
+
+Compile once: most of the suite's time is XLA compiling programs that other tests, other modules
+(after ``jax.clear_caches`` below) and ``certify`` subprocesses build again. JAX's persistent
+compilation cache in one fresh directory per pytest run, with no minimum compile time or size,
+turns every repeat into a load from disk. The settings travel through the environment, so
+subprocesses and pytest-xdist workers share the run's directory; a fresh directory per run means
+no program compiled by another version of the code (or another XLA flag set) is ever reused.
 """
 
 from __future__ import annotations
@@ -20,8 +27,16 @@ from pathlib import Path
 
 import pytest
 
-_HOME = tempfile.mkdtemp(prefix="cbcert-test-home-")
-os.environ["CBCERT_HOME"] = _HOME
+# Set by the first process of a run (xdist's controller, or pytest alone) and inherited by its
+# workers and subprocesses: they share its home and cache, and only it removes them.
+_OWNER = "CBCERT_TEST_RUN_OWNER"
+if _OWNER not in os.environ:
+    os.environ[_OWNER] = str(os.getpid())
+    os.environ["CBCERT_HOME"] = tempfile.mkdtemp(prefix="cbcert-test-home-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="cbcert-test-xla-cache-")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+_HOME = os.environ["CBCERT_HOME"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -45,7 +60,9 @@ def _free_compiled_programs():
 
 def pytest_sessionfinish(session, exitstatus):
     del session, exitstatus
-    shutil.rmtree(_HOME, ignore_errors=True)
+    if os.environ[_OWNER] == str(os.getpid()):
+        shutil.rmtree(_HOME, ignore_errors=True)
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 PAPER = Path(__file__).resolve().parents[1] / "configs" / "paper.yaml"
