@@ -12,6 +12,10 @@ from cbcert.runs.pool import agreement_pool, pool_latents
 from cbcert.worlds.builtin import untrained_world
 
 SMALL = dict(n0=8, n=40, num_inputs=6, alpha=0.01)
+# A sequential Bernoulli run whose inputs stop at several checkpoints (two tests share it).
+SEQUENTIAL_FLIPS = CertifyJob(noise="bernoulli", scale=0.2, schedule="sequential",
+                              first_checkpoint=8, target_radius=1.0, models=("std", "proto"),
+                              **SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -251,8 +255,7 @@ def test_sequential_records_are_identical_across_chunk_sizes_and_resumption(worl
 def test_sequential_chunks_holding_two_checkpoints(world, tmp_path):
     # Chunks of 16 hold inputs at checkpoint 8 beside inputs at 16; this run once stopped with
     # "checkpoint 1 needs 16 samples per input; got [8, 16]" (cbcert.engine.continuous).
-    job = CertifyJob(noise="bernoulli", scale=0.2, schedule="sequential", first_checkpoint=8,
-                     target_radius=1.0, models=("std", "proto"), **SMALL)
+    job = SEQUENTIAL_FLIPS
     for chunk in (8, 16):
         run(world, job, tmp_path / str(chunk), chunk_size=chunk)
     eight, sixteen = (sorted(map(_strip, _lines(tmp_path / d)), key=_key) for d in ("8", "16"))
@@ -261,8 +264,7 @@ def test_sequential_chunks_holding_two_checkpoints(world, tmp_path):
 
 
 def test_sequential_records_and_summary_have_the_documented_fields(world, tmp_path):
-    job = CertifyJob(noise="bernoulli", scale=0.2, schedule="sequential", first_checkpoint=8,
-                     target_radius=1.0, models=("std", "proto"), **SMALL)
+    job = SEQUENTIAL_FLIPS
     summary = run(world, job, tmp_path)
     for r in _lines(tmp_path):
         assert set(r) == {"index", "model", "label", "true_label", "prediction", "count_top",
