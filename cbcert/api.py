@@ -147,6 +147,10 @@ class Smoothed:
         where compute-bound models get at least 32 samples per step),
         compute dtype of the noisy samples (e.g. ``"bfloat16"``; counts and statistics stay
         exact), device mesh (default: all devices).
+
+    Inputs and logits must be finite: a NaN or inf input, or a NaN or inf logit of any noisy
+    sample, is refused with `cbcert.engine.sampler.NonFiniteError` (a ValueError naming the
+    inputs and the samples) rather than counted as a vote.
     """
 
     apply_fn: Callable
@@ -216,6 +220,9 @@ class Smoothed:
         Returns:
           `Prediction` (fields ``[N]``, ``[N, H]`` with heads): prediction, count_top,
           count_runner_up, p_value; sequential: `SequentialPrediction` (+ samples, stop_reason).
+
+        Raises:
+          NonFiniteError: a NaN or inf input or logit (`Smoothed`).
         """
         plan = _schedule(schedule, n, alpha)
         x, fn, classes, heads = self._prepare(x)
@@ -257,6 +264,9 @@ class Smoothed:
           `Certificate` with fields ``[N]`` (``[N, H]`` with heads): prediction, count_top,
           count_runner_up, p_lower, p_upper, radius; `SequentialCertificate` adds samples,
           certified_samples, stop_reason.
+
+        Raises:
+          NonFiniteError: a NaN or inf input or logit (`Smoothed`).
         """
         plan = _schedule(schedule, n, alpha)
         stopping = Stopping(target_radius, radius_tolerance)

@@ -19,6 +19,7 @@ from cbcert.certify.cohen import certify_counts, predict_counts
 from cbcert.certify.l2 import L2Radius
 from cbcert.cli import main
 from cbcert.engine.keys import Stream
+from cbcert.engine.sampler import NonFiniteError
 from cbcert.runs.directory import RECORDS
 from cbcert.runs.pool import agreement_pool, space_inputs
 from cbcert.schema import ConfigError
@@ -132,6 +133,42 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="schedule='adaptive'"):
         cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.3)).predict(
             jnp.ones((1, 2)), jax.random.key(0), 100, 0.01, schedule="adaptive")
+
+
+def _nan_logits(params, x):
+    return jnp.full((x.shape[0], 3), jnp.nan)
+
+
+def _inf_logits(params, x):
+    return jnp.zeros((x.shape[0], 3)).at[:, 2].set(jnp.inf)
+
+
+def test_nan_logits_are_refused_not_certified_as_class_0():
+    """Issue 30.2 as reported: all-NaN logits were votes for class 0 (argmax of NaNs), so the
+    smoothed classifier certified class 0 at radius 0.137."""
+    smoothed = cbcert.smooth(lambda p, x: jnp.full((x.shape[0], 3), jnp.nan), {},
+                             cbcert.gaussian(0.25))
+    with pytest.raises(NonFiniteError, match=r"NaN or inf logits on 20 of 20 noisy samples "
+                                             r"of a chunk \(inputs \[0, 1\], heads \[0\]\)"):
+        smoothed.certify(jnp.zeros((2, 8)), jax.random.key(0), n0=10, n=20, alpha=0.001)
+
+
+@pytest.mark.parametrize("schedule", ["fixed", "sequential"])
+def test_non_finite_logits_and_inputs_are_refused_by_every_method(schedule):
+    """predict and certify, Gaussian and Bernoulli noise, fixed and sequential schedules."""
+    key, x = jax.random.key(0), jnp.zeros((2, 8))  # c[2K] with K = 4 for the flips
+    for noise in (cbcert.gaussian(0.25), cbcert.bernoulli(0.1, 4)):
+        for fn in (_nan_logits, _inf_logits):
+            smoothed = cbcert.smooth(fn, {}, noise)
+            with pytest.raises(NonFiniteError, match="NaN or inf logits") as err:
+                smoothed.certify(x, key, 4, 64, 0.1, schedule=schedule)
+            assert err.value.inputs == (0, 1)
+            with pytest.raises(NonFiniteError, match="NaN or inf logits"):
+                smoothed.predict(x, key, 64, 0.1, schedule=schedule)
+    finite = cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.25))
+    with pytest.raises(NonFiniteError, match=r"1 input \(indices \[7\]\) holds NaN or inf"):
+        finite.certify(jnp.array([[0.0, 1.0], [jnp.nan, 0.0]]), key, 4, 64, 0.1,
+                       schedule=schedule, indices=[3, 7])
 
 
 def _records(path):

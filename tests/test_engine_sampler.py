@@ -245,6 +245,54 @@ def test_bad_num_classes_and_key():
                               jnp.zeros(2, jnp.float32), 5, num_classes=C)
 
 
+def _poisoned(params, x):
+    """``linear_heads`` with head 1's logits NaN where x0 > 50 and +inf where x0 < -50."""
+    logits = linear_heads(params, x)  # [B, H, C]
+    bad = jnp.where(x[:, :1] > 50, jnp.nan, jnp.where(x[:, :1] < -50, jnp.inf, 0.0))  # [B, 1]
+    return logits.at[:, 1].add(bad)
+
+
+POISONED_INPUTS = INPUTS.copy()
+POISONED_INPUTS[1, 0], POISONED_INPUTS[3, 0] = 100.0, -100.0  # σ = 0.7 never brings them back
+
+
+@pytest.mark.parametrize("sequential", [False, True], ids=["count_classes", "continuous"])
+def test_non_finite_logits_are_no_votes_and_are_refused(sequential):
+    """A NaN or inf logit is no vote (argmax would count NaNs as class 0): both samplers raise
+    `NonFiniteError` naming the samples, the global input indices and the heads concerned."""
+    indices = np.arange(10, 15)
+    with pytest.raises(sampler.NonFiniteError) as err:
+        if sequential:
+            _sequential(checkpoints=(5, 10), inputs=POISONED_INPUTS, fn=_poisoned,
+                        indices=indices, chunk_size=64)
+        else:
+            _counts(inputs=POISONED_INPUTS, fn=_poisoned, num_samples=10, indices=indices,
+                    chunk_size=64)
+    assert err.value.inputs == (11, 13) and err.value.heads == (1,)
+    if not sequential:  # one chunk holds all 50 pairs
+        assert (err.value.samples, err.value.chunk) == (20, 50)
+        assert "NaN or inf logits on 20 of 50 noisy samples" in str(err.value)
+    assert "inputs [11, 13], heads [1]" in str(err.value)
+
+
+@pytest.mark.parametrize("sequential", [False, True], ids=["count_classes", "continuous"])
+def test_non_finite_inputs_are_refused_before_sampling(sequential):
+    """NaN/inf inputs are refused even when the model maps them to finite logits."""
+    inputs = INPUTS.copy()
+    inputs[2, 3], inputs[4, 0] = np.nan, -np.inf
+
+    def finite(params, x):
+        return jnp.zeros((x.shape[0], H, C))
+
+    match = r"2 inputs \(indices \[2, 4\]\) hold NaN or inf"
+    with pytest.raises(sampler.NonFiniteError, match=match) as err:
+        if sequential:
+            _sequential(inputs=inputs, fn=finite, chunk_size=64)
+        else:
+            _counts(inputs=inputs, fn=finite, chunk_size=64)
+    assert err.value.inputs == (2, 4) and err.value.samples == 0
+
+
 # --- continuous batching (cbcert.engine.continuous) -------------------------------------------
 
 CHECKPOINTS = (5, 10, 20, 50)

@@ -1,7 +1,9 @@
 """Certification runs: records, resumption, determinism across batching, settings checks."""
 
+import dataclasses
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from spying import spy_world
@@ -10,6 +12,7 @@ from cbcert.runs.certify import CertifyJob, run
 from cbcert.runs.directory import RECORDS, SUMMARY, RecordsError, RunLockedError, RunMismatchError
 from cbcert.runs.pool import agreement_pool, pool_latents
 from cbcert.worlds.builtin import untrained_world
+from cbcert.worlds.world import World
 
 SMALL = dict(n0=8, n=40, num_inputs=6, alpha=0.01)
 # A sequential Bernoulli run whose inputs stop at several checkpoints (two tests share it).
@@ -334,6 +337,49 @@ def test_sequential_cli_flags(world, tmp_path, monkeypatch):
                                        str(tmp_path / "ok")])
     assert ok.exit_code == 0, ok.output
     assert "samples/input" in ok.output and "samples drawn per input" in ok.output
+
+
+class _FarOutIsNaN(World):
+    """The world whose models' logits are NaN for latents with z0 > 50 (far outside the prior)."""
+
+    def apply(self, space, models):
+        inner = super().apply(space, models)
+        return lambda params, z: jnp.where(z[:, :1, None] > 50, jnp.nan, inner(params, z))
+
+
+def test_non_finite_logits_exit_2_naming_the_models_and_keep_finished_records(
+        world, tmp_path, monkeypatch):
+    """Issue 30.2 in the CLI: NaN logits on the third input stop the run with exit 2 naming
+    --world, the models and the input; the records of the two inputs finished before stay."""
+    from click.testing import CliRunner
+
+    import cbcert.runs.certify as runs_certify
+    from cbcert import cli
+    from cbcert.cli import common as cli_common
+
+    broken = _FarOutIsNaN(**{f.name: getattr(world, f.name) for f in dataclasses.fields(World)})
+    monkeypatch.setattr(cli_common, "load_world", lambda name, **_: broken)
+    latents = runs_certify.space_inputs
+
+    def third_far_out(*args, **kwargs):
+        inputs = np.array(latents(*args, **kwargs))
+        inputs[2, 0] = 100.0  # σ = 0.25 never brings it back below 50
+        return inputs
+
+    monkeypatch.setattr(runs_certify, "space_inputs", third_far_out)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli.main, [
+        "latent", "--sigma", "0.25", "--inputs", "3", "--batch", "1", "--n0", "8", "--n", "40",
+        "--models", "std,cbm", "--out", str(out), "--quiet"])
+    assert result.exit_code == 2, result.output
+    pool = agreement_pool(world, 0, 3)
+    output = " ".join(result.output.split())
+    assert "--world" in output and "NaN or inf logits" in output
+    assert f"inputs [{pool.indices[2]}], models std, cbm" in output
+    assert "the records of finished inputs are kept" in output
+    kept = {(r["index"], r["model"]) for r in _lines(out)}
+    assert kept == {(int(i), m) for i in pool.indices[:2] for m in ("std", "cbm")}
+    assert not (out / SUMMARY).exists()
 
 
 def test_subsets_are_analysis_only_and_summarised(world, tmp_path):

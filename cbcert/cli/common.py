@@ -1,7 +1,8 @@
 """What every command shares: consoles, the key → flag mapping, option factories, world loading.
 
 Library code raises `cbcert.schema.ConfigError` carrying the setting's ``key``; `bad_input`
-turns it into click's exit-2 error naming the command's flag for that key. Option defaults come
+turns it into click's exit-2 error naming the command's flag for that key (and the engine's
+`NonFiniteError`, NaN or inf inputs or logits, into one naming ``--world``). Option defaults come
 from the job dataclasses of `cbcert.runs` (`default_of`), so a flag and the library cannot
 disagree on a default.
 """
@@ -18,6 +19,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from cbcert.engine.sampler import NonFiniteError
 from cbcert.runs.directory import check_writable
 from cbcert.schema import ConfigError, validate
 
@@ -39,11 +41,14 @@ def flag_of(key: str | None, flags: Mapping[str, str] | None = None) -> str | No
 
 @contextlib.contextmanager
 def bad_input(flags: Mapping[str, str] | None = None) -> Iterator[None]:
-    """Turn a `ConfigError` from the library into exit 2 naming the flag of its key."""
+    """Turn a `ConfigError` from the library into exit 2 naming the flag of its key, and a
+    `NonFiniteError` (the world's models or inputs gave NaN or inf) into one naming --world."""
     try:
         yield
     except ConfigError as err:
         raise click.BadParameter(err.detail, param_hint=flag_of(err.key, flags)) from None
+    except NonFiniteError as err:
+        raise click.BadParameter(str(err), param_hint=flag_of("world", flags)) from None
 
 
 def check(rule: str, value: Any, flag: str) -> None:

@@ -96,6 +96,10 @@ def count_classes_sequential(
     Returns:
       `SequentialCounts`. With the single checkpoint ``n``, ``counts`` equals
       ``count_classes(…, num_samples=n)``.
+
+    Raises:
+      NonFiniteError: as ``count_classes`` (non-finite inputs, or a NaN/inf logit in a chunk
+        read back; inputs that stopped before were already passed to ``finished``).
     """
     checkpoints = _check_checkpoints(checkpoints)
     if not (isinstance(num_classes, int | np.integer) and num_classes >= 1):
@@ -103,6 +107,7 @@ def count_classes_sequential(
     body = sampler._argmax_body(apply_fn, int(num_classes))
     run = sampler._Run.create(body, params, inputs, noise, param, key, checkpoints[-1], indices,
                               chunk_size, max_memory, mesh, dtype)
+    sampler.check_finite_inputs(run.inputs, run.indices)
     return _Scheduler(run, checkpoints, int(num_classes), decide, finished).execute()
 
 
@@ -177,6 +182,7 @@ class _Scheduler:
 
     def _finish(self, out, rows: np.ndarray, samples: np.ndarray, valid: int) -> None:
         labels = sharding.fetch_replicated(out)[:valid]  # [v, H]
+        sampler.check_votes(labels, self.run.indices[rows[:valid]])
         now = time.perf_counter()
         elapsed, self.clock = now - self.clock, now
         heads = labels.shape[1]

@@ -8,6 +8,10 @@ sample counts — compiles once. The noise of sample j of global input i comes f
 ``sample_key(key, i, j)`` (``cbcert.engine.keys``), hence results are bit-identical for any
 chunk size, batch of inputs, padding or device count. The step for chunk k+1 is dispatched
 before the results of chunk k are read back, so the devices never wait for the host.
+
+A NaN or inf logit is no vote (``argmax`` would count an all-NaN row as class 0): the step marks
+such samples, and the counting samplers refuse them -- and non-finite inputs -- with a
+`NonFiniteError` instead of returning counts.
 """
 
 import dataclasses
@@ -27,6 +31,72 @@ from cbcert.engine.noise import NoiseModel
 _MAX_INDEX = 2**31
 # ``callback(done, total)``: (input, sample) pairs finished so far, and in all.
 ProgressCallback = Callable[[int, int], None]
+# Label of a sample whose logits (of that head) are not all finite: no class, no vote.
+NO_VOTE = -1
+
+
+class NonFiniteError(ValueError):
+    """Inputs, or logits of noisy samples, that are NaN or infinite: nothing to count.
+
+    A non-finite logit is no vote for any class, and a smoothed classifier built on the
+    remaining votes would not be the one certified, so the counting samplers refuse instead
+    (records already written stay; the CLI exits with status 2).
+
+    Attributes:
+      inputs: global indices of the inputs concerned, sorted.
+      samples: noisy samples with a non-finite logit in the chunk read (0: the inputs
+        themselves are non-finite).
+      chunk: valid samples of that chunk.
+      heads: heads with a non-finite logit.
+      names: what the heads are called in the message (``models std, cbm``); None: ``heads``.
+    """
+
+    def __init__(self, inputs, *, samples: int = 0, chunk: int = 0, heads=(), names=None,
+                 note: str = ""):
+        self.inputs = tuple(int(i) for i in inputs)
+        self.samples, self.chunk, self.heads = int(samples), int(chunk), tuple(heads)
+        self.names, self.note = names, note
+        shown = ", ".join(map(str, self.inputs[:10])) + (", …" if len(self.inputs) > 10 else "")
+        if self.samples:
+            who = (f"heads {list(self.heads)}" if names is None
+                   else f"models {', '.join(names[h] for h in self.heads)}")
+            message = (f"apply_fn returned NaN or inf logits on {self.samples} of {self.chunk} "
+                       f"noisy samples of a chunk (inputs [{shown}], {who}): a non-finite "
+                       "logit is no vote, so these inputs can be neither predicted nor "
+                       "certified; check the model, its parameters, the inputs and the dtype")
+        else:
+            count = len(self.inputs)
+            message = (f"{count} input{'s' if count > 1 else ''} (indices [{shown}]) "
+                       f"hold{'' if count > 1 else 's'} NaN or inf: their noisy samples are no "
+                       "evidence, so they can be neither predicted nor certified")
+        super().__init__(message + (f"; {note}" if note else ""))
+
+    def renamed(self, names, note: str = "") -> "NonFiniteError":
+        """The same error with the heads called ``names[h]`` and ``note`` appended."""
+        return NonFiniteError(self.inputs, samples=self.samples, chunk=self.chunk,
+                              heads=self.heads, names=tuple(names), note=note)
+
+
+def check_votes(labels: np.ndarray, inputs: np.ndarray) -> None:
+    """Raise `NonFiniteError` if any of the read-back ``labels[v, H]`` is `NO_VOTE`.
+
+    ``inputs[v]``: the global input index of each labelled sample.
+    """
+    bad = labels == NO_VOTE  # [v, H]
+    if bad.any():
+        rows = bad.any(axis=1)
+        raise NonFiniteError(np.unique(inputs[rows]), samples=int(rows.sum()),
+                             chunk=len(labels), heads=np.flatnonzero(bad.any(axis=0)).tolist())
+
+
+def check_finite_inputs(inputs: np.ndarray, indices: np.ndarray) -> None:
+    """Raise `NonFiniteError` naming ``indices[n]`` of every input ``inputs[n]`` holding a NaN
+    or inf (before any sampling: the model might map them to finite logits)."""
+    if not jnp.issubdtype(inputs.dtype, jnp.inexact):
+        return
+    finite = np.isfinite(inputs.reshape(len(inputs), -1)).all(axis=1)  # [N]
+    if not finite.all():
+        raise NonFiniteError(indices[~finite])
 
 
 def count_classes(
@@ -78,21 +148,28 @@ def count_classes(
 
     Returns:
       ``[N, H, num_classes]`` int64 counts; every ``counts[n, h].sum() == num_samples``.
+
+    Raises:
+      NonFiniteError: an input holds a NaN or inf (before sampling), or ``apply_fn`` returned
+        a NaN or inf logit for a noisy sample (when its chunk is read back).
     """
     if not (isinstance(num_classes, int | np.integer) and num_classes >= 1):
         raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
     body = _argmax_body(apply_fn, int(num_classes))
     run = _Run.create(body, params, inputs, noise, param, key, num_samples, indices, chunk_size,
                       max_memory, mesh, dtype)
+    check_finite_inputs(run.inputs, run.indices)
     counts = None
 
     def consume(labels: np.ndarray, start: int, valid: int) -> None:
         nonlocal counts
         labels = labels[:valid]  # [v, H]
+        pairs = start + np.arange(valid)  # [v]
+        check_votes(labels, run.indices[pairs // run.num_samples])
         if counts is None:
             counts = np.zeros((run.num_inputs, labels.shape[1], num_classes), np.int64)
         first = start // run.num_samples
-        rows = (start + np.arange(valid)) // run.num_samples - first  # [v]
+        rows = pairs // run.num_samples - first  # [v]
         heads = labels.shape[1]
         flat = (rows[:, None] * heads + np.arange(heads)) * num_classes + labels  # [v, H]
         window = counts[first : first + rows[-1] + 1]
@@ -231,7 +308,9 @@ def _clean_body(fn: Callable) -> Callable:
 def _argmax_body(apply_fn: Callable, num_classes: int) -> Callable:
     """Per-chunk body of ``count_classes``: labels ``[B, H]`` int32 of the noisy samples.
 
-    Cached so that repeated runs reuse one jitted step (and its compilation).
+    ``labels[b, h] = argmax_c logits[b, h, c]``, or `NO_VOTE` where a logit of that head is
+    NaN or inf (one ``isfinite`` reduction per chunk). Cached so that repeated runs reuse one
+    jitted step (and its compilation).
     """
 
     def body(params, x_clean, x_noisy):
@@ -244,7 +323,8 @@ def _argmax_body(apply_fn: Callable, num_classes: int) -> Callable:
                 f"apply_fn must return logits [B, H, num_classes={num_classes}] for "
                 f"x[B={x_noisy.shape[0]}, ...]; got shape {tuple(logits.shape)}"
             )
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        votes = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, H]
+        return jnp.where(jnp.isfinite(logits).all(axis=-1), votes, NO_VOTE)
 
     return body
 

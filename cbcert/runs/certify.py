@@ -10,8 +10,9 @@ run's. Analysis (``summarize_records``) is separate from sampling.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,7 +28,7 @@ from cbcert.certify.schedule import SEQUENTIAL_KEYS, Schedule, Stopping, check_s
 from cbcert.certify.sequential import STOP_REASONS
 from cbcert.certify.smoothing import Smoothing, smoothing
 from cbcert.engine.keys import Stream, stream_key
-from cbcert.engine.sampler import cast_floating
+from cbcert.engine.sampler import NonFiniteError, cast_floating
 from cbcert.robustness.certification import records_subset_summary
 from cbcert.runs import sequential
 from cbcert.runs.directory import (
@@ -295,8 +296,9 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
     )
 
     if preflight and job.schedule == "sequential" and not records:
-        sequential.pilot(job, apply_fn, params, inputs, noise, stream_key(root, Stream.ESTIMATE),
-                         common)
+        with _naming_models(job.models):
+            sequential.pilot(job, apply_fn, params, inputs, noise,
+                             stream_key(root, Stream.ESTIMATE), common)
     finished = job.num_inputs - len(todo)
     if progress:
         progress(finished, job.num_inputs)
@@ -305,7 +307,7 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
                                                 world.perturbed_size(job.space)),
                         num_classes=world.num_classes, chunk_size=chunk_size,
                         max_memory=max_memory, dtype=common["dtype"])
-    with append_records(records_path) as sink:
+    with append_records(records_path) as sink, _naming_models(job.models, records_path):
         if job.schedule == "sequential" and todo:
             model = sequential.Sampling(apply_fn, params, noise, rule, root, common)
             sequential.run_sequential(job, pool, np.asarray(todo), done, inputs, model, sink,
@@ -358,6 +360,17 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
                               value=export, allowed=", ".join(FORMATS))
         write_cohen(out, records, job.models, job.mode)
     return summary
+
+
+@contextlib.contextmanager
+def _naming_models(models: tuple[str, ...], records: Path | None = None) -> Iterator[None]:
+    """A `NonFiniteError` (NaN or inf logits or inputs) raised with the heads called by their
+    model names and, once records are written, where the finished ones are kept."""
+    try:
+        yield
+    except NonFiniteError as err:
+        note = f"the records of finished inputs are kept in {records}" if records else ""
+        raise err.renamed(models, note) from None
 
 
 def summarize_records(records: list[dict], job: CertifyJob, num_concepts: int) -> dict:
