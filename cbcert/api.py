@@ -52,7 +52,7 @@ from cbcert.certify.smoothing import Smoothing, smoothing
 from cbcert.engine.continuous import count_classes_sequential
 from cbcert.engine.keys import Stream, stream_key
 from cbcert.engine.noise import restrict
-from cbcert.engine.sampler import count_classes
+from cbcert.engine.sampler import check_dtype, count_classes
 from cbcert.schema import ConfigError
 
 Params = Any
@@ -145,8 +145,9 @@ class Smoothed:
       chunk_size, max_memory, dtype, mesh: engine settings (``count_classes``): samples per
         device step (default from ``max_memory``: a quarter of device memory, 8 MiB on CPU,
         where compute-bound models get at least 32 samples per step),
-        compute dtype of the noisy samples (e.g. ``"bfloat16"``; counts and statistics stay
-        exact), device mesh (default: all devices).
+        compute dtype of the noisy samples (a floating dtype, e.g. ``"bfloat16"``; counts and
+        statistics stay exact; others are refused with TypeError), device mesh (default: all
+        devices).
 
     Inputs and logits must be finite: a NaN or inf input, or a NaN or inf logit of any noisy
     sample, is refused with `cbcert.engine.sampler.NonFiniteError` (a ValueError naming the
@@ -162,6 +163,9 @@ class Smoothed:
     dtype: Any = None
     mesh: Any = None
     _shapes: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
 
     def _prepare(self, x) -> tuple[Any, Callable, int, int]:
         """(inputs as an array, engine fn ``[B, H, C]``, C, H, or 0 when ``apply_fn`` has no

@@ -171,6 +171,16 @@ def test_non_finite_logits_and_inputs_are_refused_by_every_method(schedule):
                        schedule=schedule, indices=[3, 7])
 
 
+@pytest.mark.parametrize("dtype", ["int8", jnp.int32, "bool", "float8"])
+def test_sample_dtype_must_be_floating(dtype):
+    """Issue 30.4: ``dtype="int8"`` rounded the noisy samples to integers and still certified
+    Gaussian radii; a non-floating (or unknown) dtype is refused when smoothing."""
+    with pytest.raises(TypeError, match=r"dtype=.*allowed: a floating dtype"):
+        cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.5), dtype=dtype)
+    for ok in ("bfloat16", jnp.float16, None):
+        cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.5), dtype=ok)
+
+
 def _records(path):
     return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
             for line in (path / RECORDS).read_text().splitlines()]

@@ -293,6 +293,13 @@ def test_non_finite_inputs_are_refused_before_sampling(sequential):
     assert err.value.inputs == (2, 4) and err.value.samples == 0
 
 
+@pytest.mark.parametrize("dtype", [jnp.int8, "int32", "bool", "nope"])
+def test_compute_dtype_must_be_floating(dtype):
+    """Integer samples would round the noise away; a bad dtype is named, not traced."""
+    with pytest.raises(TypeError, match=r"dtype=.*floating"):
+        _counts(dtype=dtype, chunk_size=64)
+
+
 # --- continuous batching (cbcert.engine.continuous) -------------------------------------------
 
 CHECKPOINTS = (5, 10, 20, 50)

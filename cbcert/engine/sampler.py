@@ -99,6 +99,24 @@ def check_finite_inputs(inputs: np.ndarray, indices: np.ndarray) -> None:
         raise NonFiniteError(indices[~finite])
 
 
+def check_dtype(dtype) -> None:
+    """Raise TypeError unless ``dtype`` (a compute dtype of noisy samples) is None or floating.
+
+    An integer or boolean dtype would round the noise away (σ ε of a Gaussian mostly to 0)
+    while the certificate still assumed it.
+    """
+    if dtype is None:
+        return
+    try:
+        floating = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+    except TypeError:
+        floating = None
+    if not floating:
+        what = "is not a dtype" if floating is None else "is not floating"
+        raise TypeError(f"dtype={dtype!r} {what}; allowed: a floating dtype such as "
+                        "'float32', 'bfloat16' or 'float16' (or None: the inputs' dtype)")
+
+
 def count_classes(
     apply_fn: Callable,
     params,
@@ -143,8 +161,9 @@ def count_classes(
       mesh: device mesh to split chunks over (default: all devices, one ``"data"`` axis).
       progress: ``callback(done, total)`` called after every chunk, or None (the engine draws
         no progress bars; front ends such as the CLI do).
-      dtype: optional compute dtype (e.g. ``jnp.bfloat16``) the noisy samples are cast to
-        before ``apply_fn``; noise is always drawn in the inputs' dtype.
+      dtype: optional floating compute dtype (e.g. ``jnp.bfloat16``) the noisy samples are
+        cast to before ``apply_fn``; noise is always drawn in the inputs' dtype. A
+        non-floating dtype is refused (TypeError): it would round the noise away.
 
     Returns:
       ``[N, H, num_classes]`` int64 counts; every ``counts[n, h].sum() == num_samples``.
@@ -378,6 +397,7 @@ class _Run:
     @classmethod
     def create(cls, body, params, inputs, noise, param, key, num_samples, indices, chunk_size,
                max_memory, mesh, dtype) -> "_Run":
+        check_dtype(dtype)
         inputs = np.asarray(inputs)
         inputs = inputs.astype(jax.dtypes.canonicalize_dtype(inputs.dtype), copy=False)
         if inputs.ndim < 1 or inputs.shape[0] < 1:
