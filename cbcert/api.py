@@ -40,6 +40,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from cbcert.certify.bounds import check_alpha
 from cbcert.certify.cohen import ABSTAIN, Certificate, Prediction, certify_counts, predict_counts
 from cbcert.certify.schedule import Schedule, Stopping
 from cbcert.certify.sequential import (
@@ -56,6 +57,8 @@ from cbcert.engine.sampler import check_dtype, count_classes
 from cbcert.schema import ConfigError
 
 Params = Any
+# Relative shortfall of a Schedule's Σ α_k below alpha still taken as alpha (float rounding).
+_ALPHA_ROUNDING = 1e-9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,8 +216,9 @@ class Smoothed:
         ``nA, nB`` = the two largest of ``n`` estimation counts; abstain if the two-sided
         binomial test of ``nA`` out of ``nA + nB`` at ½ has p-value ``> α``, so a returned class
         differs from ``g(x)`` with probability at most α. ``schedule="sequential"`` (or a
-        `Schedule`) tests at anytime-valid checkpoints up to ``n`` and stops each input at its
-        first significant one (`cbcert.certify.sequential`).
+        `Schedule` ending at ``n`` whose levels sum to ``alpha``) tests at anytime-valid
+        checkpoints up to ``n`` and stops each input at its first significant one
+        (`cbcert.certify.sequential`).
 
         Args:
           x: ``[N, *event]`` inputs. key: root key (module docstring). n: samples per input.
@@ -254,9 +258,10 @@ class Smoothed:
         radius (concept flips). With probability ``>= 1 − α`` the smoothed classifier is
         constant, equal to ``ĉA``, within the radius. ``two_class``: ``pA_lower`` and the
         runner-up's ``pB_upper`` at α/2 each, radius ``σ/2 (Φ⁻¹(pA_lower) − Φ⁻¹(pB_upper))``.
-        ``schedule="sequential"`` (or a `Schedule`): anytime-valid checkpoints up to ``n``,
-        inputs stop at ``target_radius`` / within ``radius_tolerance`` / when decided
-        (`cbcert.certify.sequential`; the certificate stays valid at level α).
+        ``schedule="sequential"`` (or a `Schedule` ending at ``n`` whose levels sum to
+        ``alpha``): anytime-valid checkpoints up to ``n``, inputs stop at ``target_radius`` /
+        within ``radius_tolerance`` / when decided (`cbcert.certify.sequential`; the
+        certificate stays valid at level α); the fixed schedule refuses both stopping rules.
 
         Args:
           x: ``[N, *event]`` inputs (a latent ``z``, a concept representation ``c[2K + U]``,
@@ -273,7 +278,7 @@ class Smoothed:
           NonFiniteError: a NaN or inf input or logit (`Smoothed`).
         """
         plan = _schedule(schedule, n, alpha)
-        stopping = Stopping(target_radius, radius_tolerance)
+        stopping = _stopping(schedule, target_radius, radius_tolerance)
         x, fn, classes, heads = self._prepare(x)
         engine = self._engine(classes, progress)
         noise, scale, rule = self.noise.engine_noise(), self.noise.scale, self.noise.radius_rule()
@@ -309,13 +314,36 @@ def smooth(apply_fn: Callable, params: Params, noise: Noise, **engine: Any) -> S
 
 
 def _schedule(schedule, n: int, alpha: float) -> Schedule:
+    """The `Schedule` of a call: a given one must end at ``n`` and spend exactly ``alpha``."""
     if isinstance(schedule, Schedule):
         if schedule.checkpoints[-1] != n:
             raise ValueError(f"schedule ends at n = {schedule.checkpoints[-1]}, but n = {n}")
+        alpha = check_alpha(alpha)
+        # Above alpha the certificates would claim more confidence than they have; below it,
+        # alpha would misstate their level. Schedule.geometric rounds its sum down by ulps.
+        if not alpha * (1 - _ALPHA_ROUNDING) <= schedule.alpha <= alpha:
+            raise ValueError(f"the schedule's levels sum to {schedule.alpha:g}, but alpha = "
+                             f"{alpha:g}; they must sum to alpha (build the schedule with it, "
+                             "e.g. Schedule.geometric(n, alpha))")
         return schedule
     if schedule not in ("fixed", "sequential"):
         raise ValueError(f"schedule={schedule!r}; allowed: 'fixed', 'sequential' or a Schedule")
     return Schedule.of(schedule, n, alpha)
+
+
+def _stopping(schedule, target_radius, radius_tolerance) -> Stopping:
+    """The stopping rules of a call; `ConfigError` naming one given with the fixed schedule
+    (which draws all n samples and would silently ignore it)."""
+    stopping = Stopping(target_radius, radius_tolerance)
+    if isinstance(schedule, str) and schedule == "fixed":
+        for key, value in (("target_radius", target_radius),
+                           ("radius_tolerance", radius_tolerance)):
+            if value is not None:
+                detail = (f"only the sequential schedule stops early; pass "
+                          f"schedule='sequential' (or a Schedule), or drop {key}")
+                raise ConfigError(f"{key}={value!r}: {detail}", key=key, value=value,
+                                  detail=detail)
+    return stopping
 
 
 def _memory(engine: dict) -> dict:

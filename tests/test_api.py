@@ -17,6 +17,7 @@ import cbcert.api
 import cbcert.worlds.load
 from cbcert.certify.cohen import certify_counts, predict_counts
 from cbcert.certify.l2 import L2Radius
+from cbcert.certify.schedule import Schedule
 from cbcert.cli import main
 from cbcert.engine.keys import Stream
 from cbcert.engine.sampler import NonFiniteError
@@ -179,6 +180,31 @@ def test_sample_dtype_must_be_floating(dtype):
         cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.5), dtype=dtype)
     for ok in ("bfloat16", jnp.float16, None):
         cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.5), dtype=ok)
+
+
+def test_a_schedule_must_spend_exactly_the_alpha_given():
+    """Issue 30.4: a `Schedule` at total level 0.6 certified at alpha = 0.001 without a word.
+    Its levels must sum to alpha; `Schedule.geometric(n, alpha)` equals ``"sequential"``."""
+    smoothed = cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.5), chunk_size=16)
+    x, key = jnp.array([[3.0, 0.0]]), jax.random.key(0)
+    for wrong in (Schedule.geometric(1000, 0.6), Schedule.geometric(1000, 0.0005)):
+        with pytest.raises(ValueError, match=r"schedule's levels sum to .* but alpha = 0.001"):
+            smoothed.certify(x, key, 10, 1000, 0.001, schedule=wrong)
+        with pytest.raises(ValueError, match=r"schedule's levels sum to .* but alpha = 0.001"):
+            smoothed.predict(x, key, 1000, 0.001, schedule=wrong)
+    given = smoothed.certify(x, key, 10, 200, 0.001, schedule=Schedule.geometric(200, 0.001))
+    named = smoothed.certify(x, key, 10, 200, 0.001, schedule="sequential")
+    assert given.radius.tolist() == named.radius.tolist()
+
+
+def test_stopping_rules_need_the_sequential_schedule():
+    """Issue 30.4: ``target_radius`` (and ``radius_tolerance``) were ignored by the fixed
+    schedule; they are refused there, naming the setting."""
+    smoothed = cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.5))
+    for key in ("target_radius", "radius_tolerance"):
+        with pytest.raises(ConfigError, match=f"{key}=0.3: only the sequential schedule") as err:
+            smoothed.certify(jnp.ones((1, 2)), jax.random.key(0), 10, 100, 0.01, **{key: 0.3})
+        assert err.value.key == key
 
 
 def _records(path):
