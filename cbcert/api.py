@@ -93,9 +93,10 @@ class Noise:
         """The ``cbcert.engine.noise`` model sampled."""
         return restrict(self.smoothing.noise(self.num_concepts), self.perturbed)
 
-    def radius_rule(self):
-        """The radius rule at the certified scale ``min(typed, drawn float32)`` (SPEC §4)."""
-        return self.smoothing.radius_rule(self.scale, self.num_concepts)
+    def radius_rule(self, dtype=None):
+        """The radius rule at the certified scale ``min(typed, drawn)`` (SPEC §4) for inputs of
+        ``dtype``: σ is drawn in float32, or bfloat16 for bfloat16 inputs (None: float32)."""
+        return self.smoothing.radius_rule(self.scale, self.num_concepts, dtype)
 
 
 def gaussian(sigma: float) -> Noise:
@@ -262,6 +263,8 @@ class Smoothed:
         ``alpha``): anytime-valid checkpoints up to ``n``, inputs stop at ``target_radius`` /
         within ``radius_tolerance`` / when decided (`cbcert.certify.sequential`; the
         certificate stays valid at level α); the fixed schedule refuses both stopping rules.
+        Gaussian radii use ``min(σ, σ as drawn)``, σ drawn in the inputs' dtype (float32, or
+        bfloat16 for bfloat16 inputs).
 
         Args:
           x: ``[N, *event]`` inputs (a latent ``z``, a concept representation ``c[2K + U]``,
@@ -281,7 +284,8 @@ class Smoothed:
         stopping = _stopping(schedule, target_radius, radius_tolerance)
         x, fn, classes, heads = self._prepare(x)
         engine = self._engine(classes, progress)
-        noise, scale, rule = self.noise.engine_noise(), self.noise.scale, self.noise.radius_rule()
+        noise, scale = self.noise.engine_noise(), self.noise.scale
+        rule = self.noise.radius_rule(jax.dtypes.canonicalize_dtype(x.dtype))
         select = count_classes(fn, self.params, x, noise, scale, stream_key(key, Stream.SELECT),
                                n0, indices=indices, **engine)  # [N, H, C]
         estimate = stream_key(key, Stream.ESTIMATE)

@@ -207,6 +207,18 @@ def test_stopping_rules_need_the_sequential_schedule():
         assert err.value.key == key
 
 
+def test_bfloat16_inputs_certify_at_the_bfloat16_sigma():
+    """Issue 30.4: noise is drawn in the inputs' dtype, so bf16 inputs get σ rounded to bf16
+    (0.7 -> 0.69921875) and radii must use min(typed, drawn) = 0.69921875, as float32 inputs
+    use float32(0.7) = 0.699999988."""
+    smoothed = cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.7), chunk_size=16)
+    for dtype, drawn in ((jnp.bfloat16, 0.69921875), (jnp.float32, float(np.float32(0.7)))):
+        cert = smoothed.certify(jnp.array([[30.0, 0.0]], dtype), jax.random.key(0), 10, 100,
+                                0.001)
+        assert cert.prediction.tolist() == [0]
+        np.testing.assert_array_equal(cert.radius, L2Radius(drawn).radius(cert.p_lower, None))
+
+
 def _records(path):
     return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
             for line in (path / RECORDS).read_text().splitlines()]

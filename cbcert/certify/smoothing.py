@@ -65,21 +65,24 @@ class Smoothing:
         """The engine noise model (``cbcert.engine.noise``) of this kind."""
         return self._noise(num_concepts)
 
-    def certified_scale(self, scale: float, num_concepts: int) -> float:
+    def certified_scale(self, scale: float, num_concepts: int, dtype=None) -> float:
         """The scale a certificate may use: ``min(typed, drawn)`` (SPEC §4).
 
-        The engine samples with the float32 scale (``noise.drawn``): σ rounded to float32, ρ to
-        the 2⁻²³ grid of float32 uniforms. The Gaussian radius grows with σ and the Bernoulli
-        Hamming radius with ρ ∈ (0, ½), so certifying with the smaller of the typed and the
-        drawn value never claims more than holds for the noise drawn, nor for the one typed.
+        The engine samples with the float32 scale (``noise.drawn``): σ rounded to float32 --
+        and further to the inputs' ``dtype`` when it is narrower (bfloat16 inputs draw
+        ``bfloat16(σ)``) -- and ρ to the 2⁻²³ grid of float32 uniforms. The Gaussian radius
+        grows with σ and the Bernoulli Hamming radius with ρ ∈ (0, ½), so certifying with the
+        smaller of the typed and the drawn value never claims more than holds for the noise
+        drawn, nor for the one typed. ``dtype`` None: float32 inputs.
         """
-        return min(float(scale), self.noise(num_concepts).drawn(scale))
+        return min(float(scale), self.noise(num_concepts).drawn(scale, dtype))
 
-    def radius_rule(self, scale: float, num_concepts: int):
-        """The radius rule (``rule.radius(p_lower, p_upper)``) at the certified scale."""
+    def radius_rule(self, scale: float, num_concepts: int, dtype=None):
+        """The radius rule (``rule.radius(p_lower, p_upper)``) at the certified scale for
+        inputs of ``dtype`` (None: float32)."""
         if self.kind == "fixed":
             return FixedFlipHammingRadius(int(scale), num_concepts)
-        certified = self.certified_scale(scale, num_concepts)
+        certified = self.certified_scale(scale, num_concepts, dtype)
         if self.hamming:
             return BernoulliHammingRadius(certified, num_concepts)
         return L2Radius(certified)

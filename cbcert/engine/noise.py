@@ -52,9 +52,16 @@ class Gaussian:
     def check_event(self, event_shape: tuple[int, ...]) -> None:
         del event_shape  # any shape
 
-    def drawn(self, param) -> float:
-        """The σ actually sampled: ``float32(σ)`` (the traced scale), exactly, as a float."""
-        return float(self.check_param(param))
+    def drawn(self, param, dtype=None) -> float:
+        """The σ actually sampled for inputs of ``dtype``, exactly, as a float.
+
+        The traced scale is ``float32(σ)``; `perturb` casts it to the inputs' dtype, so
+        bfloat16 inputs draw ``bfloat16(float32(σ))`` (0.7 -> 0.69921875). None: float32.
+        """
+        sigma = self.check_param(param)
+        if dtype is not None and jnp.issubdtype(dtype, jnp.floating):
+            sigma = sigma.astype(jax.dtypes.canonicalize_dtype(dtype))
+        return float(sigma)
 
     def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
         """``x[*event] + σ · N(0, I)``, noise drawn in ``x.dtype``."""
@@ -80,13 +87,15 @@ class BernoulliFlips:
     def check_event(self, event_shape: tuple[int, ...]) -> None:
         _check_event_vector(event_shape, self.num_concepts)
 
-    def drawn(self, param) -> float:
+    def drawn(self, param, dtype=None) -> float:
         """The flip probability actually sampled, exactly: ``⌈float32(ρ) · 2²³⌉ / 2²³``.
 
         ``jax.random.bernoulli(key, p)`` is ``uniform(key) < p`` with float32 uniforms on the
         grid ``k / 2²³``, ``k = 0 … 2²³ − 1``, so ``P[η = 1] = #{k : k / 2²³ < p} / 2²³``. This
         can be below ρ (e.g. ρ = 0.39); a certificate must not assume more noise than drawn.
+        The inputs' ``dtype`` plays no part: the flips are drawn from float32 uniforms.
         """
+        del dtype
         p = float(self.check_param(param))
         return math.ceil(p * 2**23) / 2**23
 
@@ -183,8 +192,8 @@ class Leading:
                              f"longer than the {self.size} perturbed coordinates")
         self.inner.check_event((self.size,))
 
-    def drawn(self, param) -> float:
-        return self.inner.drawn(param)
+    def drawn(self, param, dtype=None) -> float:
+        return self.inner.drawn(param, dtype)
 
     def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
         """``[inner.perturb(key, x[:size], param) ; x[size:]]`` for one input."""

@@ -285,7 +285,8 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
     apply_fn = world.apply(job.space, job.models)
     inputs = space_inputs(world, pool.latents, job.space, **memory)
     noise = world.noise(job.smoothing.noise(k), job.space)
-    rule = job.smoothing.radius_rule(job.scale, k) if job.mode == "certify" else None
+    rule = (job.smoothing.radius_rule(job.scale, k, inputs.dtype) if job.mode == "certify"
+            else None)
     root = jax.random.key(job.seed)
     common = dict(
         num_classes=world.num_classes,
