@@ -105,3 +105,35 @@ def paper_run(tmp_path_factory):
     result = CliRunner().invoke(main, ["report", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
     return out
+
+
+# Two workers (pytest-xdist, `-n auto` in pyproject.toml) overlap the single-threaded XLA
+# compilations on a 2-core machine. Each test module runs whole on one worker (its module-scoped
+# fixtures are built once), the modules sharing ``paper_run`` run together, and the modules are
+# handed out longest first so that no long module starts last (measured with `--durations=0` on
+# the 2-core CI machine; docs/DEVELOPMENT.md). Unlisted modules keep collection order after these.
+_LONGEST_FIRST = (
+    "test_paper", "test_report_worlds", "test_worlds", "test_runs_attack", "test_benchmarks",
+    "test_cli", "test_train_cbae", "test_builtin", "test_runs_certify", "test_runs_distributed",
+    "test_runs_perturb", "test_reproducibility", "test_examples", "test_runs_sweep",
+    "test_runs_explain", "test_apgd", "test_api",
+)
+_GROUPS = {"test_paper": "paper_run", "test_report_worlds": "paper_run"}
+_MAX_WORKERS = 4  # each worker holds GiBs of compiled programs
+
+
+def pytest_collection_modifyitems(config, items):
+    """Order the modules longest first; under xdist, one group (worker) per module."""
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: order within
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(_GROUPS.get(item.path.stem,
+                                                                 item.path.stem)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per CPU, at most `_MAX_WORKERS`."""
+    del config
+    return max(1, min(os.cpu_count() or 1, _MAX_WORKERS))
