@@ -86,6 +86,26 @@ def test_world_show_writes_png(tmp_path):
     assert bad.exit_code == 2 and "--flip" in bad.output and "[0, 11]" in bad.output
 
 
+def test_world_show_refuses_an_unsupported_format_before_rendering(tmp_path, monkeypatch):
+    from cbcert.generators import concept_world
+    from cbcert.report import world_grid
+
+    def never(*args, **kwargs):
+        raise AssertionError("the world was built or rendered")
+
+    monkeypatch.setattr(concept_world, "make_world", never)
+    monkeypatch.setattr(world_grid, "world_grid", never)
+    for name in ("g.txt", "grid"):
+        result = CliRunner().invoke(cli.main, ["world", "show", "--out", str(tmp_path / name)])
+        assert result.exit_code == 2, (result.output, result.exception)
+        assert "--out" in result.output and name in result.output
+        assert ".png" in result.output and ".pdf" in result.output
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"\.txt.*allowed.*\.png"):
+        world_grid.world_grid(None, n=1, seed=0, flip=None, out=tmp_path / "g.txt")
+
+
 def _finished_run(tmp_path, runner):
     out = tmp_path / "done"
     args = ["latent", "--sigma", "0.25", "--inputs", "2", "--n", "20", "--n0", "5",

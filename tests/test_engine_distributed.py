@@ -22,8 +22,9 @@ heads = lambda params, x: jnp.einsum("bd,dhc->bhc", x, params)
 counts = sampler.count_classes(heads, weights, inputs, noise.Gaussian(), 0.8,
                                keys.stream_key(jax.random.key(0), keys.STREAM_SELECT), 45,
                                num_classes=4, chunk_size=7)
+texts = distributed.gather_text(f"from {{jax.process_index()}}")
 print("RESULT " + json.dumps(dict(rank=jax.process_index(), counts=counts.tolist(),
-                                  coordinator=distributed.is_coordinator())))
+                                  coordinator=distributed.is_coordinator(), texts=texts)))
 distributed.shutdown()
 """
 
@@ -58,6 +59,7 @@ def test_two_processes_match_one_process():
     reference = np.asarray(_result(testing.wait_python(single, timeout=240))["counts"])
     assert [r["rank"] for r in results] == [0, 1]
     assert [r["coordinator"] for r in results] == [True, False]
+    assert [r["texts"] for r in results] == [["from 0", "from 1"]] * 2
     for result in results:
         np.testing.assert_array_equal(result["counts"], reference)
 
@@ -67,3 +69,9 @@ def test_initialize_validates_ranks():
         distributed.initialize("127.0.0.1:1", num_processes=2, process_id=2)
     with pytest.raises(ValueError, match="num_processes=0"):
         distributed.initialize("127.0.0.1:1", num_processes=0, process_id=0)
+    with pytest.raises(ValueError, match="initialization_timeout=0"):
+        distributed.initialize("127.0.0.1:1", num_processes=2, process_id=1,
+                               initialization_timeout=0)
+    assert distributed.gather_text("alone") == ["alone"]  # outside a job
+    assert distributed.notice_after(300) == distributed.NOTICE_AFTER
+    assert distributed.notice_after(4) == 2

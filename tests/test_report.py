@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 from dataclasses import asdict
 
 import numpy as np
@@ -210,6 +211,47 @@ def test_single_runner_directory_and_cli(run_dir, tmp_path):
     empty.mkdir()
     result = CliRunner().invoke(main, ["report", str(empty)])
     assert result.exit_code == 2 and "no finished runner directory" in result.output
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the report read or rendered cells")
+
+
+def _report_is_a_file(run):
+    (run / "report").write_text("x")
+    return run / "report", "is a file"
+
+
+def _read_only(run, monkeypatch):
+    access = os.access
+    # Root may write anywhere, so a read-only directory is simulated through os.access.
+    monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and not (
+        mode & os.W_OK and str(path) == str(run)))
+    return run, "not writable"
+
+
+def _world_report_is_a_file(run):
+    (run / "manifest.json").write_text(json.dumps({"worlds": [{"name": "a"}, {"name": "b"}]}))
+    (run / "a").mkdir()
+    (run / "a" / "report").write_text("x")
+    return run / "a" / "report", "is a file"
+
+
+@pytest.mark.parametrize("make", ["report_is_a_file", "read_only", "world_report_is_a_file"])
+def test_unwritable_report_folder_exits_2_naming_it_before_any_cell_is_read(
+        make, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    path, problem = (_read_only(run, monkeypatch) if make == "read_only"
+                     else globals()[f"_{make}"](run))
+    monkeypatch.setattr(report, "find_cells", _never)
+    monkeypatch.setattr(report, "world_cells", _never)
+    result = CliRunner().invoke(main, ["report", str(run)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "RUN_DIR" in result.output and str(path) in result.output
+    assert problem in result.output
+    with pytest.raises(report.ReportError, match=problem):
+        report.write_report(run, log=_never)
 
 
 def test_markdown_merges_mean_and_sd_columns():

@@ -188,6 +188,35 @@ def test_losing_process_0_stops_the_others(tmp_path, cache):
     assert _files(hosts[1]) == []
 
 
+@pytest.mark.slow
+def test_processes_with_other_settings_all_exit_2_naming_the_difference(tmp_path, cache):
+    hosts = [tmp_path / "host0", tmp_path / "host1"]
+    port = testing.free_port()
+    other = ["latent", "--sigma", "0.3", *COMMON]
+    job = [_certify(args, host, cache, rank=rank, port=port)
+           for rank, (args, host) in enumerate(zip((LATENT, other), hosts, strict=True))]
+    for rank, process in enumerate(job):
+        code, _, err = _wait(process, timeout=120)
+        assert code == 2, (rank, err)
+        assert "run.job.scale is 0.3 on process 1 of 2 but 0.05 on process 0" in err, err
+        assert "Traceback" not in err, err
+    # Checked before any sampling: nothing pinned, no record.
+    assert _files(hosts[0]) == [] and _files(hosts[1]) == []
+
+
+@pytest.mark.slow
+def test_a_process_without_process_0_says_what_it_waits_for_and_gives_up(tmp_path, cache):
+    port = testing.free_port()
+    process = _certify([*LATENT, "--join-timeout", "4"], tmp_path / "host1", cache, rank=1,
+                       port=port)
+    code, out, err = _wait(process, timeout=120)
+    assert code == 2, err
+    assert (f"process 1 of 2 is waiting for process 0 (the coordinator, at 127.0.0.1:{port})"
+            in err), err
+    assert "gave up after 4 s" in err and "--join-timeout" in err and "Traceback" not in err
+    assert _files(tmp_path / "host1") == []
+
+
 TWO_SHARDS = """\
 preset: smoke
 name: shards
@@ -305,6 +334,7 @@ def test_shards_split_cells_evenly_by_cost_and_deterministically(tmp_path):
     ([], {"CBCERT_COORDINATOR": "127.0.0.1:1", "CBCERT_NUM_PROCESSES": "2",
           "CBCERT_PROCESS_ID": "5"}, "--process-id"),
     (["--distributed", "auto", "--heartbeat-timeout", "0"], {}, "--heartbeat-timeout"),
+    (["--distributed", "auto", "--join-timeout", "inf"], {}, "--join-timeout"),
     (["--distributed", "always"], {}, "--distributed"),
 ])
 def test_bad_job_flags_exit_2_naming_the_flag(args, env, flag, tmp_path):

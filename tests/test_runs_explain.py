@@ -9,8 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from cbcert import cli
+from cbcert.cli import common as cli_common
 from cbcert.concepts import concept_state
 from cbcert.generators.concept_world import label_of
+from cbcert.runs import explain as explain_runner
 from cbcert.runs.explain import EXPORT_FORMAT, FIGURE, RECORDS, ExplainJob, export, run
 from cbcert.runs.pool import agreement_pool
 from cbcert.schema import ConfigError
@@ -162,3 +164,19 @@ def test_cli_bad_input_exits_2_naming_the_flag(args, flag, tmp_path):
                                            "--out", str(tmp_path / "x"), "--quiet"])
     assert result.exit_code == 2, result.output
     assert flag in result.output
+
+
+def test_cli_export_into_a_missing_folder_exits_2_before_any_work(tmp_path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("the world was loaded or the job ran")
+
+    monkeypatch.setattr(cli_common, "load_world", never)
+    monkeypatch.setattr(explain_runner, "run", never)
+    target = tmp_path / "missing" / "dir" / "x.json"
+    result = CliRunner().invoke(cli.main, ["explain", "--n", "10", "--n0", "5", "--out",
+                                           str(tmp_path / "run"), "--export", str(target),
+                                           "--quiet"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "--export" in result.output and str(target.parent) in result.output
+    assert "does not exist" in result.output
+    assert list(tmp_path.iterdir()) == []

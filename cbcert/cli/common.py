@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -86,6 +87,17 @@ def writable_out(out: Path) -> Path:
     with bad_input():
         check_writable(out)
     return out
+
+
+def writable_file(path: Path, flag: str) -> Path:
+    """A file a command writes when it ends, checked before any work: its folder must exist
+    and be writable (exit 2 naming ``flag`` and the folder), so that a typo in the folder does
+    not surface only after the job."""
+    folder = path.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        problem = "does not exist" if not folder.exists() else "is not a writable directory"
+        raise click.BadParameter(f"{path}: the folder {folder} {problem}", param_hint=flag)
+    return path
 
 
 def load_world(name: str, *, classifier: Path | None = None, normalize: str = "imagenet"):

@@ -7,11 +7,17 @@ Every command that samples or attacks (``latent``, ``concept``, ``predict``, ``p
   the cluster (TPU pod slices, SLURM, Open MPI); explicit values below override what it finds;
 * ``--coordinator HOST:PORT --num-processes N --process-id I``: an explicit job (all three, or
   ``--distributed auto`` for the rest); giving them implies ``--distributed``;
-* ``--heartbeat-timeout S`` (default 60): a process silent this long counts as lost.
+* ``--heartbeat-timeout S`` (default 60): a process silent this long counts as lost;
+* ``--join-timeout S`` (default 300): how long a process waits for the whole job to join (it
+  says what it waits for after 10 s, at most half of S) and, later, for the others to reach
+  each settings check; then it gives up with exit status 2.
 
 Each option also reads an environment variable: ``CBCERT_DISTRIBUTED``, ``CBCERT_COORDINATOR``,
-``CBCERT_NUM_PROCESSES``, ``CBCERT_PROCESS_ID``, ``CBCERT_HEARTBEAT_TIMEOUT``. The job is joined
-before the command does anything else (JAX must not have started a backend). Off process 0
+``CBCERT_NUM_PROCESSES``, ``CBCERT_PROCESS_ID``, ``CBCERT_HEARTBEAT_TIMEOUT``,
+``CBCERT_JOIN_TIMEOUT``. The job is joined before the command does anything else (JAX must not
+have started a backend); right after, every process checks that it runs the same command and
+cbcert code as process 0, and each run checks its settings and world before sampling
+(`cbcert.runs.peers`): a difference stops every process with status 2, naming it. Off process 0
 standard output goes to ``/dev/null`` (errors still print on standard error) and the run
 directory is left alone
 (`cbcert.runs.directory`). On success every process leaves through JAX's shutdown barrier; on an
@@ -35,10 +41,9 @@ from cbcert.cli import common
 
 ENV = {"distributed": "CBCERT_DISTRIBUTED", "coordinator": "CBCERT_COORDINATOR",
        "num_processes": "CBCERT_NUM_PROCESSES", "process_id": "CBCERT_PROCESS_ID",
-       "heartbeat_timeout": "CBCERT_HEARTBEAT_TIMEOUT"}
+       "heartbeat_timeout": "CBCERT_HEARTBEAT_TIMEOUT", "join_timeout": "CBCERT_JOIN_TIMEOUT"}
 DEFAULT_HEARTBEAT_TIMEOUT = 60.0
-# Seconds every process waits for all of the job to join.
-JOIN_TIMEOUT = 300
+DEFAULT_JOIN_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,12 @@ class JobSettings:
     num_processes: int | None
     process_id: int | None
     heartbeat_timeout: float
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT
 
 
 def job_settings(distributed: str | None, coordinator: str | None, num_processes: int | None,
-                 process_id: int | None, heartbeat_timeout: float) -> JobSettings | None:
+                 process_id: int | None, heartbeat_timeout: float,
+                 join_timeout: float = DEFAULT_JOIN_TIMEOUT) -> JobSettings | None:
     """The job the flags ask for, None for a single-process run; bad values exit 2."""
     explicit = {"--coordinator": coordinator, "--num-processes": num_processes,
                 "--process-id": process_id}
@@ -76,10 +83,13 @@ def job_settings(distributed: str | None, coordinator: str | None, num_processes
         if process_id < 0 or (num_processes is not None and process_id >= num_processes):
             raise click.BadParameter(f"got {process_id}, allowed range [0, {upper}) "
                                      "(--num-processes)", param_hint="--process-id")
-    if not 0 < heartbeat_timeout < float("inf"):
-        raise click.BadParameter(f"got {heartbeat_timeout:g}, allowed range (0, inf) seconds",
-                                 param_hint="--heartbeat-timeout")
-    return JobSettings(coordinator, num_processes, process_id, float(heartbeat_timeout))
+    for flag, seconds in (("--heartbeat-timeout", heartbeat_timeout),
+                          ("--join-timeout", join_timeout)):
+        if not 0 < seconds < float("inf"):
+            raise click.BadParameter(f"got {seconds:g}, allowed range (0, inf) seconds",
+                                     param_hint=flag)
+    return JobSettings(coordinator, num_processes, process_id, float(heartbeat_timeout),
+                       float(join_timeout))
 
 
 def distributed_options(fn):
@@ -91,12 +101,12 @@ def distributed_options(fn):
 
     @functools.wraps(fn)
     def command(*args, distributed, coordinator, num_processes, process_id, heartbeat_timeout,
-                **kwargs):
+                join_timeout, **kwargs):
         settings = job_settings(distributed, coordinator, num_processes, process_id,
-                                heartbeat_timeout)
+                                heartbeat_timeout, join_timeout)
         if settings is None or kwargs.get("status"):
             return fn(*args, **kwargs)
-        with joined(settings):
+        with joined(settings, click.get_current_context().info_name):
             return fn(*args, **kwargs)
 
     options = [
@@ -116,6 +126,10 @@ def distributed_options(fn):
                      show_default=True, envvar=ENV["heartbeat_timeout"],
                      help="Seconds without a heartbeat after which a process counts as lost "
                           "and the others stop."),
+        click.option("--join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT,
+                     show_default=True, envvar=ENV["join_timeout"],
+                     help="Seconds a process waits for every process to join the job (and "
+                          "to reach each settings check) before it gives up (exit 2)."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -123,15 +137,17 @@ def distributed_options(fn):
 
 
 @contextlib.contextmanager
-def joined(settings: JobSettings) -> Iterator[None]:
-    """Join the job, run the block, leave: the shutdown barrier on success, at once on error."""
+def joined(settings: JobSettings, command: str) -> Iterator[None]:
+    """Join the job, check that every process runs ``command`` with the same code, run the
+    block, leave: the shutdown barrier on success, at once on error."""
     from cbcert.engine import distributed
+    from cbcert.runs import peers
 
     try:
         distributed.initialize(settings.coordinator, settings.num_processes,
                                settings.process_id, cpu_collectives="gloo",
-                               initialization_timeout=JOIN_TIMEOUT,
-                               timeout=settings.heartbeat_timeout)
+                               initialization_timeout=settings.join_timeout,
+                               timeout=settings.heartbeat_timeout, on_join_timeout=_gave_up)
     except Exception as err:  # noqa: BLE001 - JAX reports a failed join in several types
         where = settings.coordinator or "the detected cluster"
         raise click.ClickException(f"could not join the distributed job at {where}: "
@@ -143,6 +159,10 @@ def joined(settings: JobSettings) -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     try:
+        try:
+            peers.check({"command": command, "code": peers.code_identity()})
+        except peers.SettingsMismatchError as err:
+            raise click.UsageError(str(err)) from None
         yield
     except click.exceptions.Exit as err:
         if err.exit_code != 0:
@@ -177,6 +197,14 @@ def _report(err: BaseException) -> tuple[str, int]:
         return f"exit {code}", code
     traceback.print_exc()
     return f"{type(err).__name__}: {_first_line(err)}", 1
+
+
+def _gave_up(message: str) -> None:
+    """The job was not joined within --join-timeout: say so and exit 2 (nothing started)."""
+    click.echo(f"Error: {message} (or wait longer: --join-timeout)", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(click.UsageError.exit_code)
 
 
 def _leave(message: str, code: int) -> None:

@@ -80,7 +80,7 @@ def explain(models: str, num_inputs: int, eps: float, tau: int, sigma: float,
     common.check_memory(chunk_size, max_memory)
     out = common.writable_out(out or Path("results") / f"explain-seed{seed}")
     if export_path is not None:
-        common.writable_out(export_path.parent)
+        common.writable_file(export_path, "--export")
     world = common.load_agreement_world(world_name, job.models)
     with common.bad_input(FLAGS), bar("explain", quiet, unit="steps") as progress:
         summary = run(world, job, out, progress=progress, chunk_size=chunk_size,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -28,14 +27,15 @@ def world() -> None:
 def world_show(n: int, flip: int | None, out: Path, world_name: str, seed: int) -> None:
     """Render a grid of samples with their concept vectors and class names."""
     from cbcert.generators.concept_world import ConceptWorldConfig, make_world
-    from cbcert.report.world_grid import world_grid
+    from cbcert.report.world_grid import check_image_path, world_grid
 
     common.check("count", n, "--n")
     common.check("seed", seed, "--seed")
-    folder = out.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        problem = "does not exist" if not folder.exists() else "is not a writable directory"
-        raise click.BadParameter(f"{out}: the folder {folder} {problem}", param_hint="--out")
+    common.writable_file(out, "--out")
+    try:
+        check_image_path(out)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--out") from None
     try:
         w = make_world(ConceptWorldConfig.from_preset(world_name))
     except ValueError as err:

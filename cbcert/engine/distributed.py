@@ -18,10 +18,17 @@ prints the message and exits with `LOST_EXIT_CODE`). So the survivors stop withi
 plus one period of a death, with one message. When process 0 itself dies the service goes with
 it and JAX aborts the others at once with its own message ("the JAX distributed service detected
 fatal errors … Socket closed"); process 0 is the coordinator address the job was started with.
+
+Joining is bounded too: a process that cannot join says what it waits for after `notice_after`
+seconds and gives up after ``initialization_timeout`` (default: exit `JOIN_EXIT_CODE`), before
+JAX would abort it. `gather_text` hands every process each process's text (the settings they
+must share, `cbcert.runs.peers`); `stop_together` precedes an error all processes found.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import socket
 import sys
@@ -34,10 +41,16 @@ import numpy as np
 
 # Exit status of a process that stops because another process of its job was lost.
 LOST_EXIT_CODE = 3
+# Exit status of a process that gave up joining its job (bad usage: no such job).
+JOIN_EXIT_CODE = 2
 DEFAULT_TIMEOUT = 60.0
+# Seconds of joining after which a process says what it waits for (at most half the timeout).
+NOTICE_AFTER = 10.0
 _PREFIX = "cbcert/"
 _BEAT = _PREFIX + "beat/"
 _HOST = _PREFIX + "host/"
+_GATHER = _PREFIX + "gather/"
+_STOP = _PREFIX + "stop/"
 _DONE = "done"
 _FAILED = "failed:"
 
@@ -47,6 +60,12 @@ def period(timeout: float) -> float:
     return min(max(timeout / 10.0, 0.1), 2.0)
 
 
+def notice_after(initialization_timeout: float) -> float:
+    """Seconds of joining after which a process says what it waits for: ``NOTICE_AFTER``, at
+    most half of ``initialization_timeout`` (a normal start joins well within either)."""
+    return min(NOTICE_AFTER, initialization_timeout / 2.0)
+
+
 def initialize(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
@@ -54,9 +73,11 @@ def initialize(
     *,
     local_device_ids: list[int] | None = None,
     cpu_collectives: str | None = None,
-    initialization_timeout: int = 300,
+    initialization_timeout: float = 300,
     timeout: float = DEFAULT_TIMEOUT,
     on_lost: Callable[[str], None] | None = None,
+    on_waiting: Callable[[str], None] | None = None,
+    on_join_timeout: Callable[[str], None] | None = None,
 ) -> None:
     """Joins this process to a multi-host JAX job (wraps ``jax.distributed.initialize``).
 
@@ -71,11 +92,17 @@ def initialize(
       cpu_collectives: for CPU-only jobs, the cross-process collectives implementation
         (``"gloo"``); this sets the global ``jax_cpu_collectives_implementation`` option,
         which must happen before the CPU backend starts.
-      initialization_timeout: seconds to wait for every process to join.
+      initialization_timeout: seconds to wait for every process to join, and for every
+        process to reach a `gather_text` (JAX's own join limit is set later, as a backstop).
       timeout: seconds without a heartbeat after which another process counts as lost
         (JAX's own heartbeat limit is set to ``2 · timeout``, ≥ 10 s, as a backstop).
       on_lost: ``on_lost(message)`` when another process is lost or failed; it must not
         return normally to the caller's work (default: print and ``os._exit(LOST_EXIT_CODE)``).
+      on_waiting: ``on_waiting(message)`` once, if joining takes `notice_after` seconds:
+        what this process waits for (default: print it on standard error).
+      on_join_timeout: ``on_join_timeout(message)`` if the job is not joined within
+        ``initialization_timeout``; it must not return (default: print and
+        ``os._exit(JOIN_EXIT_CODE)``).
     """
     if num_processes is not None and num_processes < 1:
         raise ValueError(f"num_processes={num_processes} must be >= 1")
@@ -85,20 +112,35 @@ def initialize(
         raise ValueError(f"process_id={process_id} must be in [0, num_processes={num_processes})")
     if not timeout > 0:
         raise ValueError(f"timeout={timeout} must be > 0 seconds")
+    if not 0 < initialization_timeout < float("inf"):
+        raise ValueError(f"initialization_timeout={initialization_timeout} must be in "
+                         "(0, inf) seconds")
     if cpu_collectives is not None:
         jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
     backstop = max(int(2 * timeout + 0.999), 10)
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address,
-        num_processes=num_processes,
-        process_id=process_id,
-        local_device_ids=local_device_ids,
-        initialization_timeout=initialization_timeout,
-        heartbeat_timeout_seconds=backstop,
-        shutdown_timeout_seconds=backstop,
-    )
-    global _WATCH
-    _WATCH = _start_watch(float(timeout), on_lost or _exit_lost, initialization_timeout)
+    # JAX aborts the process (a C++ check failure) when its join limit passes, so ours must
+    # come first: JAX gets twice the time, plus a margin.
+    joining = _Joining(_awaited(coordinator_address, num_processes, process_id),
+                       float(initialization_timeout),
+                       on_waiting or functools.partial(print, file=sys.stderr, flush=True),
+                       on_join_timeout or functools.partial(_exit_with, JOIN_EXIT_CODE))
+    joining.start()
+    try:
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+            local_device_ids=local_device_ids,
+            initialization_timeout=int(2 * initialization_timeout) + 10,
+            heartbeat_timeout_seconds=backstop,
+            shutdown_timeout_seconds=backstop,
+        )
+    finally:
+        joining.stop()
+    global _WATCH, _JOIN_TIMEOUT
+    _JOIN_TIMEOUT = float(initialization_timeout)
+    _WATCH = _start_watch(float(timeout), on_lost or functools.partial(_exit_with, LOST_EXIT_CODE),
+                          _JOIN_TIMEOUT)
 
 
 def is_initialized() -> bool:
@@ -177,6 +219,46 @@ def broadcast_bytes(data: bytes | None) -> bytes:
     return np.asarray(buffer[:size], np.uint8).tobytes()
 
 
+def gather_text(text: str) -> list[str]:
+    """Every process's ``text``, in process order, on every process (``[text]`` outside a job).
+
+    Through the coordination service's key-value store, not a collective: each process sets
+    its text and reads the others', waiting for a process that has not got there yet at most
+    the join timeout (``initialization_timeout``), then raises TimeoutError naming it. Calls
+    are numbered: every process must make the same sequence of `gather_text` and
+    `stop_together` calls.
+    """
+    if not is_initialized() or jax.process_count() == 1:
+        return [text]
+    client, call = _client(), _next_call()
+    me, count = jax.process_index(), jax.process_count()
+    client.key_value_set(f"{_GATHER}{call}/{me}", text)
+    texts = [text] * count
+    for process in (p for p in range(count) if p != me):
+        try:
+            texts[process] = client.blocking_key_value_get(f"{_GATHER}{call}/{process}",
+                                                           int(_JOIN_TIMEOUT * 1000))
+        except Exception as err:  # noqa: BLE001 - JAX reports a deadline in several types
+            raise TimeoutError(f"process {process} of {count} did not reach the settings check "
+                               f"within {_JOIN_TIMEOUT:g} s ({' '.join(str(err).split())[:200]})"
+                               "; is it running the same command?") from None
+    return texts
+
+
+def stop_together() -> None:
+    """Before every process raises the same error (one that all of them found, e.g. in what
+    `gather_text` returned): stop watching, then wait until every process has.
+
+    Without it a process could see another announce that error (`fail`) and stop with
+    `LOST_EXIT_CODE` before reaching its own. Every process must call it.
+    """
+    if not is_initialized() or jax.process_count() == 1:
+        return
+    if _WATCH is not None:
+        _WATCH.stop()
+    _client().wait_at_barrier(f"{_STOP}{_next_call()}", int(_JOIN_TIMEOUT * 1000))
+
+
 def shutdown() -> None:
     """Leaves the multi-host job (``jax.distributed.shutdown``) without announcing anything."""
     if _WATCH is not None:
@@ -184,11 +266,49 @@ def shutdown() -> None:
     jax.distributed.shutdown()
 
 
-def _exit_lost(message: str) -> None:
+def _exit_with(code: int, message: str) -> None:
     sys.stdout.flush()
     sys.stderr.write(f"Error: {message}\n")
     sys.stderr.flush()
-    os._exit(LOST_EXIT_CODE)
+    os._exit(code)
+
+
+def _awaited(coordinator: str | None, count: int | None, me: int | None) -> tuple[str, str]:
+    """Who is joining and what it waits for, in words."""
+    if me is None or count is None:
+        where = f"at {coordinator}" if coordinator else "that the cluster environment names"
+        return "this process", f"the processes of the distributed job {where} to join"
+    if me == 0:
+        others = count - 1
+        return (f"process 0 of {count} (the coordinator, at {coordinator})",
+                f"the other {others} process{'es' if others != 1 else ''} to join")
+    return (f"process {me} of {count}",
+            f"process 0 (the coordinator, at {coordinator}) and the other processes to join")
+
+
+class _Joining(threading.Thread):
+    """While ``jax.distributed.initialize`` blocks: say what it waits for, then give up."""
+
+    def __init__(self, awaited: tuple[str, str], timeout: float,
+                 on_waiting: Callable[[str], None], on_timeout: Callable[[str], None]):
+        super().__init__(name="cbcert-distributed-join", daemon=True)
+        self.awaited, self.timeout = awaited, timeout
+        self.on_waiting, self.on_timeout = on_waiting, on_timeout
+        self._joined = threading.Event()
+
+    def stop(self) -> None:
+        self._joined.set()
+
+    def run(self) -> None:
+        who, what = self.awaited
+        notice = notice_after(self.timeout)
+        if self._joined.wait(notice):
+            return
+        self.on_waiting(f"{who} is waiting for {what} (giving up after {self.timeout:g} s)")
+        if not self._joined.wait(self.timeout - notice):
+            self.on_timeout(f"{who} gave up after {self.timeout:g} s waiting for {what}; start "
+                            "every process with the same coordinator address and number of "
+                            "processes, process 0 on the coordinator's host")
 
 
 class _Watch(threading.Thread):
@@ -268,16 +388,26 @@ def _ended(value: str | None) -> bool:
 
 
 _WATCH: _Watch | None = None
+_JOIN_TIMEOUT = 300.0
+_CALLS = itertools.count()
+
+
+def _next_call() -> int:
+    return next(_CALLS)
+
+
+def _client():
+    # The coordination service's client: JAX keeps it in this module-level state (the same
+    # object `jax.experimental.multihost_utils` uses).
+    from jax._src import distributed as jax_distributed
+
+    return jax_distributed.global_state.client
 
 
 def _start_watch(timeout: float, on_lost: Callable[[str], None],
-                 initialization_timeout: int) -> _Watch | None:
+                 initialization_timeout: float) -> _Watch | None:
     """Publishes this process's host, reads everyone's, starts the watch thread."""
-    # The coordination service's client: JAX keeps it in this module-level state (the same
-    # object `jax.experimental.multihost_utils` uses); without it there is nothing to watch.
-    from jax._src import distributed as jax_distributed
-
-    client = jax_distributed.global_state.client
+    client = _client()  # without it there is nothing to watch
     me, count = jax.process_index(), jax.process_count()
     if client is None or count == 1:
         return None

@@ -9,12 +9,31 @@ import numpy as np
 
 from cbcert.concepts import concept_state, flip_pairs
 
+# Formats matplotlib writes by itself or through Pillow's always-present codecs (not .pgf,
+# which needs LaTeX, nor Pillow's optional ones); the file's suffix picks one.
+IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif",
+                  ".tiff")
+
+
+def check_image_path(out: Path) -> None:
+    """Raise ValueError unless ``out``'s suffix names a format `world_grid` can write.
+
+    Checked before rendering, so a wrong suffix costs nothing (case-insensitive).
+    """
+    suffix = Path(out).suffix
+    if suffix.lower() not in IMAGE_SUFFIXES:
+        got = f"the suffix {suffix!r}" if suffix else "no suffix"
+        raise ValueError(f"{out}: got {got}; allowed image suffixes: {', '.join(IMAGE_SUFFIXES)}")
+
 
 def world_grid(world, *, n: int, seed: int, flip: int | None, out: Path) -> Path:
-    """Save a PNG grid of ``n`` samples titled with class and concept bits.
+    """Save a grid of ``n`` samples titled with class and concept bits as an image in the
+    format of ``out``'s suffix (``.png``, … `IMAGE_SUFFIXES`; any other: ValueError before
+    any work).
 
     With ``flip = i`` every sample is followed by its counterfactual ``g2(D(F(E(g1(z)), e_i)))``.
     """
+    check_image_path(out)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -31,7 +31,7 @@ from cbcert.report.cells import MANIFEST, ReportError, find_cells
 from cbcert.report.figures import write_figures
 from cbcert.report.tables import tables
 from cbcert.report.worlds import cross_world_figures, cross_world_tables, world_cells
-from cbcert.runs.directory import read_json
+from cbcert.runs.directory import RunDirError, check_writable, read_json
 
 REPORT_DIR = "report"
 
@@ -63,15 +63,34 @@ def _world_entries(run_dir: Path) -> list[dict] | None:
 def write_report(run_dir: str | Path, log: Callable[[str], None] = print) -> list[Path]:
     """Write the tables (CSV + ``report.md``) and figures of a run into ``<run_dir>/report/``.
 
-    Returns the written paths. Raises ReportError if ``run_dir`` holds no finished cell.
+    Returns the written paths. Raises ReportError if ``run_dir`` holds no finished cell, or,
+    before any cell is read, if a report folder it would write cannot be written (``report``
+    is a file, the run directory is read-only), naming that folder.
     """
     run_dir = Path(run_dir)
     entries = _world_entries(run_dir)
+    _check_writable(run_dir, entries)
     if entries:
         return _write_worlds_report(run_dir, entries, log)
     cells = find_cells(run_dir, log)
     all_tables = tables(cells)
     return _write(run_dir, all_tables, write_figures(cells, _out(run_dir), log), [])
+
+
+def _check_writable(run_dir: Path, entries: list[dict] | None) -> None:
+    """ReportError naming the first report folder (``run_dir``'s, each world's) that cannot be
+    written: checked before the cells are read and the figures drawn."""
+    folders = [run_dir / entry["name"] for entry in entries or ()
+               if (run_dir / entry["name"]).is_dir()]
+    for folder in [*folders, run_dir]:
+        out = folder / REPORT_DIR
+        if out.exists() and not out.is_dir():
+            raise ReportError(f"{out} is a file; the report is written into a folder of that "
+                              "name (move the file away)")
+        try:
+            check_writable(out)
+        except RunDirError as err:
+            raise ReportError(str(err)) from None
 
 
 def _out(run_dir: Path) -> Path:

@@ -75,7 +75,6 @@ from cbcert.runs.directory import (
     json_line,
     open_run_dir,
     read_records,
-    world_pin,
     write_json,
 )
 from cbcert.runs.lock import hold
@@ -236,7 +235,7 @@ def records_of(path: Path, job: AttackJob, indices) -> list[dict]:
 
 
 def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> dict[str, Any]:
-    open_run_dir(out, world_pin({"job": job.settings(), "world": world.name}, world))
+    open_run_dir(out, {"job": job.settings(), "world": world.name}, world)
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
     records_path = out / RECORDS

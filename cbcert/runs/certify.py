@@ -42,7 +42,6 @@ from cbcert.runs.directory import (
     json_line,
     open_run_dir,
     read_records,
-    world_pin,
     write_json,
 )
 from cbcert.runs.export import FORMATS, write_cohen
@@ -267,7 +266,7 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
     k = world.generator.num_concepts
     if preflight:
         sequential.check_certifiable(job, k)
-    open_run_dir(out, world_pin({"job": job.pinned(), "world": world.name}, world))
+    open_run_dir(out, {"job": job.pinned(), "world": world.name}, world)
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
     records_path = out / RECORDS

@@ -31,7 +31,6 @@ from cbcert.runs.directory import (
     finite_or_none,
     open_run_dir,
     read_json,
-    world_pin,
     write_json,
 )
 from cbcert.runs.lock import hold
@@ -122,7 +121,7 @@ def run(world, job: ClassesJob, out: str | Path, *,
     out = Path(out)
     check_writable(out)
     with hold(out):
-        open_run_dir(out, world_pin({"classes": asdict(job), "world": world.name}, world))
+        open_run_dir(out, {"classes": asdict(job), "world": world.name}, world)
         if (out / SUMMARY).is_file():
             summary = read_json(out / SUMMARY)
         else:

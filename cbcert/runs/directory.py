@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import jax
 
 from cbcert.engine import distributed
+from cbcert.runs import peers
 from cbcert.schema import ConfigError, shorten
 
 RUN = "run.json"
@@ -238,8 +239,17 @@ def _open_run(out: Path, meta: dict[str, Any], extra: dict[str, Any] | None) -> 
     write_json(run_file, {**meta, **(extra or {})})
 
 
-def open_run_dir(out: Path, meta: dict[str, Any]) -> None:
-    """``runs.directory.open_run`` with the versions and devices (see `run_info`)."""
+def open_run_dir(out: Path, meta: dict[str, Any], world) -> None:
+    """``runs.directory.open_run`` of ``world_pin(meta, world)`` with the versions and devices
+    (see `run_info`).
+
+    In a multi-host job every process first checks those settings and the world's parameters
+    against process 0's (`cbcert.runs.peers`): before any sampling, all processes raise
+    `SettingsMismatchError` naming the first difference.
+    """
+    meta = world_pin(meta, world)
+    if peers.in_job():
+        peers.check({"run": meta, "world": peers.world_identity(world)})
     open_run(out, meta, run_info())
 
 

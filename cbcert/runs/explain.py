@@ -73,7 +73,7 @@ from cbcert.generators.concept_world import label_of
 from cbcert.robustness import explain as ex
 from cbcert.runs import explanations
 from cbcert.runs.budgets import observer
-from cbcert.runs.directory import check_writable, json_line, open_run_dir, world_pin, write_json
+from cbcert.runs.directory import check_writable, json_line, open_run_dir, write_json
 from cbcert.runs.lock import hold
 from cbcert.runs.pool import agreement_pool, encode_inputs
 from cbcert.schema import ConfigError, validate
@@ -319,8 +319,8 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
     check_writable(out)
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     with hold(out):
-        open_run_dir(out, world_pin({"explain": asdict(job) | {"models": list(job.models)},
-                                     "world": world.name}, world))
+        open_run_dir(out, {"explain": asdict(job) | {"models": list(job.models)},
+                           "world": world.name}, world)
         pool = agreement_pool(world, job.seed, job.num_inputs, **memory)
         report = progress or (lambda done, total: None)
         obs = _observations(world, job, pool, memory, report)

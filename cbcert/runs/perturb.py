@@ -56,7 +56,6 @@ from cbcert.runs.directory import (
     json_line,
     open_run_dir,
     read_records,
-    world_pin,
     write_json,
 )
 from cbcert.runs.lock import hold
@@ -297,7 +296,7 @@ def run(
     out = Path(out)
     check_writable(out)
     with hold(out):
-        open_run_dir(out, world_pin({"settings": job.settings(), "world": world.name}, world))
+        open_run_dir(out, {"settings": job.settings(), "world": world.name}, world)
         memory = dict(chunk_size=chunk_size, max_memory=max_memory)
         pool = agreement_pool(world, job.seed, job.num_inputs, space="latent", **memory)
         kinds = _kinds(world, job, pool.latents, jax.random.key(job.seed), memory)

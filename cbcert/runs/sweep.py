@@ -57,7 +57,7 @@ from cbcert.runs import attack as attack_runner
 from cbcert.runs import certify as certify_runner
 from cbcert.runs import classes as classes_runner
 from cbcert.runs import explain as explain_runner
-from cbcert.runs import explanations
+from cbcert.runs import explanations, peers
 from cbcert.runs import perturb as perturb_runner
 from cbcert.runs.config import ConfigError, ExperimentConfig
 from cbcert.runs.directory import (
@@ -297,6 +297,10 @@ def manifest(config: ExperimentConfig, cells: Sequence[Cell], world) -> dict[str
     }
 
 
+# The manifest's keys a rerun (or another process of a multi-host job) must match.
+PINNED = ("config", "cells", "world")
+
+
 def _write_manifest(out: Path, meta: dict[str, Any]) -> None:
     """Write ``manifest.json``, or refuse if the one there describes another sweep.
 
@@ -308,14 +312,13 @@ def _write_manifest(out: Path, meta: dict[str, Any]) -> None:
 
 def _pin_manifest(out: Path, meta: dict[str, Any]) -> None:
     path = out / MANIFEST
-    pinned = ("config", "cells", "world")
     out.mkdir(parents=True, exist_ok=True)
     if write_json_once(path, meta):
         return
     previous = read_json(path)
     if not isinstance(previous, dict):
         raise RecordsError(f"{path}: damaged, expected a JSON object")
-    if {k: previous.get(k) for k in pinned} != {k: meta[k] for k in pinned}:
+    if {k: previous.get(k) for k in PINNED} != {k: meta[k] for k in PINNED}:
         raise RunMismatchError(
             f"--out {out} holds a sweep of another config or world "
             f"({previous.get('config', {}).get('name')}); use another --out or delete it")
@@ -354,6 +357,8 @@ def run_sweep(
       ConfigError: a cell cannot run on the world (unknown model, τ > K).
       RunMismatchError: ``out`` holds another sweep or a cell directory other settings.
       RunLockedError: another process is running a sweep or cell in ``out``.
+      SettingsMismatchError: in a multi-host job, processes disagree on the config, cells,
+        worlds or shard (`cbcert.runs.peers`), or, at a cell, its settings or world.
     """
     out = Path(out)
     cells = plan_cells(config, sections)
@@ -371,7 +376,11 @@ def run_sweep(
         check_cells(cells, worlds[None])
     check_writable(out)
     with hold(out) if shard is None else contextlib.nullcontext():
-        _write_manifest(out, manifest(config, cells, worlds if entries else worlds[None]))
+        meta = manifest(config, cells, worlds if entries else worlds[None])
+        # A multi-host job: every process sweeps the same cells (each cell's runner then
+        # checks its own settings and world before sampling).
+        peers.check({"sweep": {k: meta[k] for k in PINNED}, "shard": shard})
+        _write_manifest(out, meta)
         for name, own in entries.items():
             own_cells = [replace(c, name=c.name.split("/", 1)[1], world=None)
                          for c in cells if c.world == name]
@@ -392,7 +401,7 @@ def run_sweep(
 
 
 __all__ = [
-    "DEFAULT_SECTIONS", "MANIFEST", "SECTIONS", "Cell", "CellStatus", "assign_shards",
+    "DEFAULT_SECTIONS", "MANIFEST", "PINNED", "SECTIONS", "Cell", "CellStatus", "assign_shards",
     "cell_cost", "check_cells",
     "check_shard", "git_revision", "manifest", "plan_cells", "run_sweep", "sections_in_file",
     "shard_cells", "sweep_status",
