@@ -404,3 +404,36 @@ def test_write_json_once_writes_exactly_once(tmp_path):
     assert not directory.write_json_once(path, {"second": 2})
     assert json.loads(path.read_text()) == {"first": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+
+
+def test_processes_must_agree_on_the_options_that_split_the_work(monkeypatch, tmp_path):
+    """--chunk-size, --max-memory and --batch are not pinned in run.json (they never change
+    results), but the chunks of one step are sharded over every process: the joining check
+    compares them too."""
+    from cbcert.cli import distributed as cli_distributed
+    from cbcert.engine import distributed as engine
+    from cbcert.runs import peers
+
+    seen = []
+
+    def check(settings):
+        seen.append(settings)
+        raise RuntimeError("stop after the joining check")
+
+    def leave(message, code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(engine, "initialize", lambda *args, **kwargs: None)
+    monkeypatch.setattr(engine, "is_coordinator", lambda: True)
+    monkeypatch.setattr(peers, "check", check)
+    monkeypatch.setattr(cli_distributed, "_leave", leave)
+    result = CliRunner().invoke(main, ["latent", "--sigma", "0.1", "--coordinator",
+                                       "127.0.0.1:1", "--num-processes", "2", "--process-id",
+                                       "0", "--chunk-size", "7", "--max-memory", "123456",
+                                       "--batch", "3", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1 and len(seen) == 1, result.output
+    assert seen[0]["command"] == "latent"
+    assert seen[0]["options"] == {"chunk_size": 7, "max_memory": 123456, "batch": 3}
+    other = {**seen[0], "options": {**seen[0]["options"], "chunk_size": 8}}
+    assert "options.chunk_size is 8 on process 1 of 2 but 7 on process 0" in \
+        peers.first_difference([seen[0], other])

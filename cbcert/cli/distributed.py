@@ -92,6 +92,9 @@ def job_settings(distributed: str | None, coordinator: str | None, num_processes
                        float(join_timeout))
 
 
+_SPLIT_OPTIONS = ("chunk_size", "max_memory", "batch")
+
+
 def distributed_options(fn):
     """Adds the multi-host options to a command and runs it inside the job they describe.
 
@@ -106,7 +109,10 @@ def distributed_options(fn):
                                 heartbeat_timeout, join_timeout)
         if settings is None or kwargs.get("status"):
             return fn(*args, **kwargs)
-        with joined(settings, click.get_current_context().info_name):
+        # Not pinned in run.json (they never change results), but every process must split the
+        # work alike: the chunks of one step are sharded over all processes' devices.
+        split = {name: kwargs[name] for name in _SPLIT_OPTIONS if name in kwargs}
+        with joined(settings, click.get_current_context().info_name, split):
             return fn(*args, **kwargs)
 
     options = [
@@ -137,9 +143,11 @@ def distributed_options(fn):
 
 
 @contextlib.contextmanager
-def joined(settings: JobSettings, command: str) -> Iterator[None]:
-    """Join the job, check that every process runs ``command`` with the same code, run the
-    block, leave: the shutdown barrier on success, at once on error."""
+def joined(settings: JobSettings, command: str,
+           split: dict | None = None) -> Iterator[None]:
+    """Join the job, check that every process runs ``command`` with the same code and the same
+    work-splitting options ``split`` (``{"chunk_size": …}``), run the block, leave: the shutdown
+    barrier on success, at once on error."""
     from cbcert.engine import distributed
     from cbcert.runs import peers
 
@@ -160,7 +168,8 @@ def joined(settings: JobSettings, command: str) -> Iterator[None]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     try:
         try:
-            peers.check({"command": command, "code": peers.code_identity()})
+            peers.check({"command": command, "code": peers.code_identity(),
+                         "options": split or {}})
         except peers.SettingsMismatchError as err:
             raise click.UsageError(str(err)) from None
         yield
