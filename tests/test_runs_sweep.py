@@ -355,3 +355,28 @@ def test_attack_section_records_explanations_when_asked(world, tmp_path):
     _, smoothed = _config(tmp_path, text.replace("explain: true", "explain: true, smoothed: true"))
     with pytest.raises(ConfigError, match="base attacks only"):
         sweep.plan_cells(smoothed, ("attack",))
+
+
+def test_nan_logits_stop_a_sweep_with_exit_2_naming_its_world(world, tmp_path, monkeypatch):
+    """A world whose models return NaN logits: the sweep exits 2 naming CONFIG's world and the
+    cause (no traceback), like `certify latent` does."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from cbcert.worlds.world import World
+
+    class NaNWorld(World):
+        def apply(self, space, models):
+            inner = super().apply(space, models)
+            return lambda params, z: inner(params, z) * jnp.nan
+
+    broken = NaNWorld(**{f.name: getattr(world, f.name) for f in dataclasses.fields(World)})
+    path, _ = _config(tmp_path)
+    monkeypatch.setattr("cbcert.cli.sweep._sweep_world", lambda preset: broken)
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(tmp_path / "run"),
+                                       "--quiet"])
+    assert result.exit_code == 2, result.output
+    output = " ".join(result.output.split())
+    assert "CONFIG" in output and "NaN or inf logits" in output, output
+    assert (tmp_path / "run" / sweep.MANIFEST).exists()

@@ -59,6 +59,7 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
     (add --world <dir> to run the same cells on a world from real parts; --shard I/N on each
     of N machines sharing the directory; --status to see where a sweep stands).
     """
+    from cbcert.engine.sampler import NonFiniteError
     from cbcert.runs import sweep
     from cbcert.runs.config import load_config
     from cbcert.runs.pool import PoolTooSmallError
@@ -101,6 +102,10 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
                                  param_hint="CONFIG") from None
     except ConfigError as err:
         raise click.BadParameter(f"{config_path}: {err}", param_hint="CONFIG") from None
+    except NonFiniteError as err:  # the world's models or inputs gave NaN or inf
+        where = "--world" if world_name is not None else "CONFIG (its world)"
+        raise click.BadParameter(f"{err}; the cells finished before are kept in {out}",
+                                 param_hint=where) from None
     if not quiet and part is not None:
         mine = len(sweep.shard_cells(cells, *part))
         common.console.print(f"shard {part[0]}/{part[1]} finished ({mine} of {len(cells)} "
