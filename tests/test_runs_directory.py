@@ -51,6 +51,16 @@ def test_read_records_drops_a_torn_line_and_keys_records(tmp_path):
         read_records(path, key=lambda r: r["index"])
 
 
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_read_records_refuses_a_bare_nan_or_infinity_token(tmp_path, token):
+    """Records are strict JSON (`json_line`): a line with such a token is damaged, as a
+    malformed line is, not a record with a float."""
+    path = tmp_path / "r.jsonl"
+    path.write_text(f'{{"index": 1, "v": 2}}\n{{"index": 2, "v": {token}}}\n')
+    with pytest.raises(RecordsError, match=f"line 2: not a JSON record .*{token}"):
+        read_records(path, key=lambda r: r["index"])
+
+
 def test_strict_json_refuses_nan_and_infinity(tmp_path):
     write_json(tmp_path / "ok.json", {"a": None})
     for bad in (math.nan, math.inf):

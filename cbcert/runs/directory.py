@@ -10,7 +10,8 @@ the same way:
   is refused, a damaged ``run.json`` is reported with its path;
 * ``read_records(path, key, check)`` reads the JSONL records appended as work finishes: a torn
   last line (a crash mid-write) is dropped, a malformed complete line is an error naming the
-  file and line, a record failing ``check`` (an input that is not part of the run, an unknown
+  file and line (records are strict JSON: a bare ``NaN`` or ``Infinity`` makes a line
+  malformed), a record failing ``check`` (an input that is not part of the run, an unknown
   model or budget) is refused, and records are keyed so that a duplicated line cannot be
   counted twice: exact duplicates (ignoring wall-clock ``seconds``) collapse to one, two
   different records for one key are refused;
@@ -205,6 +206,16 @@ def json_line(record: dict) -> str:
     return json.dumps(record, allow_nan=False) + "\n"
 
 
+def _no_constant(token: str) -> None:
+    raise ValueError(f"{token} is not strict JSON")
+
+
+def _strict_loads(text: str) -> Any:
+    """``json.loads`` refusing the ``NaN``, ``Infinity`` and ``-Infinity`` tokens (ValueError),
+    which `json_line` never writes."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
 def finite_or_none(value: float) -> float | None:
     """``float(value)``, or None where it is NaN or infinite (strict JSON has neither)."""
     value = float(value)
@@ -301,8 +312,8 @@ def read_records(path: Path, key: Callable[[dict], Hashable],
             continue
         where = f"{path}, line {number}"
         try:
-            record = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            record = _strict_loads(line.decode("utf-8"))
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, a NaN/Infinity token
             raise RecordsError(f"{where}: not a JSON record ({shorten(str(err))}): "
                                f"{shorten(line.decode('utf-8', 'replace'))}") from None
         if not isinstance(record, dict):
