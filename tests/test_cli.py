@@ -59,13 +59,17 @@ def test_latent_run_prints_table_writes_records_and_resumes(runner, tmp_path):
     records = (out / "records.jsonl").read_text().splitlines()
     assert len(records) == 6
     summary = json.loads((out / "summary.json").read_text())
-    again = runner.invoke(cli.main, args)
-    assert again.exit_code == 0
+    pinned = (out / "run.json").read_text()
+    # --batch never changes records: run.json records it, but a rerun may change it.
+    again = runner.invoke(cli.main, [*args, "--batch", "1"])
+    assert again.exit_code == 0, again.output
     assert (out / "records.jsonl").read_text().splitlines() == records
+    assert (out / "run.json").read_text() == pinned
     assert json.loads((out / "summary.json").read_text())["models"]["std"]["acr"] == \
         summary["models"]["std"]["acr"]
     changed = runner.invoke(cli.main, [*args[:2], "0.5", *args[3:]])
     assert changed.exit_code == 2 and "--out" in changed.output
+    assert "(job.scale = 0.25 there, 0.5 now)" in changed.output, changed.output
 
 
 def test_concept_run_reports_hamming(runner, tmp_path):

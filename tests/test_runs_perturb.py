@@ -160,6 +160,16 @@ def test_rerun_with_other_settings_is_refused(world, finished):
         run(world, dataclasses.replace(JOB, samples=3), out)
 
 
+def test_rerun_with_another_batch_resumes(world, finished, tmp_path):
+    """--batch never changes records: pinned in run.json as before, but not compared."""
+    full, result = finished
+    out = tmp_path / "again"
+    shutil.copytree(full, out)
+    again = run(world, dataclasses.replace(JOB, batch=5), out, chunk_size=CHUNK)
+    assert again.summary["budgets"] == result.summary["budgets"]
+    assert (out / RUN).read_text() == (full / RUN).read_text()
+
+
 @pytest.mark.parametrize(
     "changes,match",
     [

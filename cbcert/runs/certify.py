@@ -63,7 +63,8 @@ class CertifyJob:
       two_class: two-class bound with the runner-up (α split between both bounds).
       models: model names, evaluated on the same noisy images.
       seed: root seed; num_inputs: inputs certified (taken from the agreement set, in pool order).
-      batch: inputs per engine call (a unit of progress and of resumption; fixed schedule).
+      batch: inputs per engine call (a unit of progress and of resumption; fixed schedule);
+        it never changes records, so ``run.json`` records it but a rerun may change it.
       dtype: compute dtype of generator and classifiers (``float32`` or ``bfloat16``).
       schedule: ``fixed`` (Cohen's n for every input) or ``sequential`` (anytime-valid
         checkpoints up to n, `cbcert.certify.sequential`; inputs stop early, records add
@@ -266,7 +267,8 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
     k = world.generator.num_concepts
     if preflight:
         sequential.check_certifiable(job, k)
-    open_run_dir(out, world_pin({"job": job.pinned(), "world": world.name}, world))
+    open_run_dir(out, world_pin({"job": job.pinned(), "world": world.name}, world),
+                 free=("job.batch",))
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
     records_path = out / RECORDS
