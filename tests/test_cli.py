@@ -17,6 +17,16 @@ def runner(monkeypatch):
     return CliRunner()
 
 
+@pytest.fixture()
+def worldless(monkeypatch):
+    """A runner for flags refused before any world is loaded (or built: that takes seconds)."""
+    def no_world(name, **_):
+        raise AssertionError("the world must not be loaded for invalid flags")
+
+    monkeypatch.setattr(cli_common, "load_world", no_world)
+    return CliRunner()
+
+
 @pytest.mark.parametrize(
     "args,flag,allowed",
     [
@@ -166,3 +176,25 @@ def test_chunk_size_beyond_the_run_is_capped(runner, tmp_path):
     untimed = [{k: v for k, v in json.loads(line).items() if k != "seconds"}
                for d in "ab" for line in (tmp_path / d / "records.jsonl").read_text().splitlines()]
     assert untimed[: len(untimed) // 2] == untimed[len(untimed) // 2:]
+
+
+_SMALL_CERTIFY = ["--inputs", "1", "--n", "16", "--n0", "4"]
+
+
+@pytest.mark.parametrize("command", [
+    ["latent", "--sigma", "0.1", *_SMALL_CERTIFY],
+    ["concept", "--rho", "0.2", *_SMALL_CERTIFY],
+    ["perturb", "--eps", "0.1", "--tau", ""],
+    ["attack", "--eps", "0.1", "--iters", "1"],
+    ["explain", "--inputs", "1", "--n", "10", "--n0", "5", "--figure-inputs", "0"],
+])
+@pytest.mark.parametrize("models,shown", [("cbm,cbm", "'cbm,cbm'"), ("", "''")])
+def test_models_named_twice_or_none_are_refused(worldless, tmp_path, command, models, shown):
+    """`explain --models cbm,cbm` wrote every record twice; `latent --models ''` ran the
+    defaults."""
+    out = tmp_path / "x"
+    result = worldless.invoke(cli.main, [*command, "--models", models, "--out", str(out),
+                                         "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert "--models" in result.output and shown in result.output, result.output
+    assert not out.exists()

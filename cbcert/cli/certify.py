@@ -99,7 +99,9 @@ def run_certification(noise: str, scale, mode: str, opts: dict) -> dict:
 
     kind = smoothing(noise)
     pixels = opts["world_name"].startswith("pixels:")
-    models = opts["models"] or ("std" if pixels else ",".join(_default("models")))
+    models = opts["models"]
+    if models is None:  # '' names no model: refused by the job, not read as the default
+        models = "std" if pixels else ",".join(_default("models"))
     with common.bad_input():
         job = CertifyJob(noise=noise, scale=scale, mode=mode, n0=opts["n0"], n=opts["n"],
                          alpha=opts["alpha"], two_class=opts["two_class"],

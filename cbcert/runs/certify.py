@@ -169,12 +169,17 @@ def check_subsets(num_subsets: int, subset_size: int, num_inputs: int) -> None:
 
 
 def check_models(models: tuple[str, ...], minimum: int = 1) -> None:
-    """Raise `ConfigError` (key ``models``) unless ``models`` has ≥ ``minimum`` distinct names."""
-    if len(set(models)) != len(models) or len(models) < minimum:
-        need = f"at least {minimum} distinct models" if minimum > 1 else "each model once"
-        detail = f"got {','.join(models)!r}; name {need}"
-        raise ConfigError(f"models={list(models)}: {detail}", key="models", value=models,
-                          detail=detail)
+    """Raise `ConfigError` (key ``models``) unless ``models`` has ≥ ``minimum`` distinct names
+    and none twice (a repeated model would be evaluated, and recorded, twice)."""
+    if len(set(models)) != len(models):
+        need = "each model once"
+    elif len(models) < minimum:
+        need = f"at least {minimum} distinct models" if minimum > 1 else "at least one model"
+    else:
+        return
+    detail = f"got {','.join(models)!r}; name {need}"
+    raise ConfigError(f"models={list(models)}: {detail}", key="models", value=models,
+                      detail=detail)
 
 
 # Record fields and their JSON types (bool is not an int here); None marks "or null".

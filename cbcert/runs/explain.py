@@ -73,6 +73,7 @@ from cbcert.generators.concept_world import label_of
 from cbcert.robustness import explain as ex
 from cbcert.runs import explanations
 from cbcert.runs.budgets import observer
+from cbcert.runs.certify import check_models
 from cbcert.runs.directory import check_writable, json_line, open_run_dir, world_pin, write_json
 from cbcert.runs.lock import hold
 from cbcert.runs.pool import agreement_pool, encode_inputs
@@ -90,7 +91,7 @@ class ExplainJob:
     """Settings of `certify explain` (module docstring).
 
     Attributes:
-      models: models explained (``cbm``, ``cbmh``, ``proto``).
+      models: models explained (``cbm``, ``cbmh``, ``proto``), at least one, each once.
       num_inputs: agreement inputs explained.
       eps: latent shift norm ε > 0; tau: concepts flipped, 1..K.
       sigma: latent noise σ of the concept certificate; radius: R ≥ 0 at which stability is
@@ -138,8 +139,9 @@ class ExplainJob:
         if not (isinstance(self.figure_inputs, int) and 0 <= self.figure_inputs):
             raise ConfigError(f"figure_inputs={self.figure_inputs!r}: allowed range [0, inf)",
                               key="figure_inputs", value=self.figure_inputs, allowed="[0, inf)")
+        check_models(self.models)
         unknown = [m for m in self.models if m not in EXPLAINED]
-        if unknown or not self.models:
+        if unknown:
             detail = (f"got {list(self.models)}; explained models: "
                       f"{', '.join(EXPLAINED)}")
             raise ConfigError(f"models: {detail}", key="models", value=self.models,
