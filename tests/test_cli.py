@@ -198,3 +198,13 @@ def test_models_named_twice_or_none_are_refused(worldless, tmp_path, command, mo
     assert result.exit_code == 2, result.output
     assert "--models" in result.output and shown in result.output, result.output
     assert not out.exists()
+
+
+def test_explain_flip_radius_beyond_the_concepts_is_refused_before_the_run(runner, tmp_path):
+    out = tmp_path / "x"
+    result = runner.invoke(cli.main, ["explain", "--rho", "0.1", "--flip-radius", "13",
+                                      "--inputs", "1", "--n", "10", "--n0", "5",
+                                      "--figure-inputs", "0", "--out", str(out), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert "--flip-radius" in result.output and "got 13" in result.output
+    assert "K=12" in result.output and not out.exists()
