@@ -208,3 +208,15 @@ def test_explain_flip_radius_beyond_the_concepts_is_refused_before_the_run(runne
     assert result.exit_code == 2, result.output
     assert "--flip-radius" in result.output and "got 13" in result.output
     assert "K=12" in result.output and not out.exists()
+
+
+def test_first_checkpoint_beyond_n_is_refused(worldless, tmp_path):
+    """It once became the fixed schedule without a word."""
+    out = tmp_path / "x"
+    result = worldless.invoke(cli.main, ["latent", "--sigma", "0.25", "--schedule",
+                                         "sequential", "--first-checkpoint", "64", "--n", "32",
+                                         "--n0", "4", "--inputs", "1", "--models", "std",
+                                         "--out", str(out), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert "--first-checkpoint" in result.output and "got 64" in result.output
+    assert "n=32" in result.output and not out.exists()

@@ -51,8 +51,8 @@ def certify_options(fn):
                      help="Sequential: stop an input once at most this much radius could "
                           "still be gained."),
         click.option("--first-checkpoint", type=int, default=None,
-                     help="Sequential: first checkpoint [default: 32]; the next ones grow by "
-                          "--checkpoint-ratio up to --n."),
+                     help="Sequential: first checkpoint, at most --n [default: 32]; the next "
+                          "ones grow by --checkpoint-ratio up to --n."),
         click.option("--checkpoint-ratio", type=float, default=None,
                      help="Sequential: growth factor of the checkpoints [default: 2]."),
         click.option("--final-alpha-share", type=float, default=None,

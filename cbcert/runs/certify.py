@@ -71,7 +71,7 @@ class CertifyJob:
         ``samples`` and ``stop_reason``).
       target_radius, radius_tolerance: the sequential stopping rules (`Stopping`; certify).
       first_checkpoint, checkpoint_ratio, final_alpha_share: the sequential checkpoints and
-        levels (`Schedule.geometric`; None = its default).
+        levels (`Schedule.geometric`; None = its default; ``first_checkpoint <= n``).
       num_subsets, subset_size: the summary also reports SmAcc, ACR and the radius of correct
         inputs as mean ± sd over ``num_subsets`` random subsets of ``subset_size`` certified
         inputs, with paired permutation tests between models (`cbcert.robustness.
@@ -119,7 +119,7 @@ class CertifyJob:
         check_subsets(self.num_subsets, self.subset_size, self.num_inputs)
 
     def _check_schedule(self) -> None:
-        check_settings(self.schedule, mode=self.mode,
+        check_settings(self.schedule, mode=self.mode, n=self.n,
                        **{key: getattr(self, key) for key in SEQUENTIAL_KEYS})
 
     def pinned(self) -> dict[str, Any]:
