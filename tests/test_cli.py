@@ -220,3 +220,15 @@ def test_first_checkpoint_beyond_n_is_refused(worldless, tmp_path):
     assert result.exit_code == 2, result.output
     assert "--first-checkpoint" in result.output and "got 64" in result.output
     assert "n=32" in result.output and not out.exists()
+
+
+@pytest.mark.parametrize("command", [["concept", "--flips", "1"],
+                                     ["predict", "--space", "concept", "--flips", "1"]])
+def test_fixed_count_flips_refuse_the_sequential_schedule(worldless, tmp_path, command):
+    out = tmp_path / "x"
+    result = worldless.invoke(cli.main, [*command, "--schedule", "sequential", "--inputs", "1",
+                                         "--n", "16", "--n0", "4", "--models", "std",
+                                         "--out", str(out), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert "--schedule" in result.output and "'sequential'" in result.output
+    assert "fixed-count flips" in result.output and not out.exists()

@@ -43,7 +43,7 @@ def certify_options(fn):
                      default=_default("schedule"), show_default=True,
                      help="fixed: --n estimation samples per input (Cohen's CERTIFY); "
                           "sequential: anytime-valid checkpoints up to --n, each input stops "
-                          "once decided."),
+                          "once decided (not with --flips)."),
         click.option("--target-radius", type=float, default=None,
                      help="Sequential: stop an input once certified at this radius, or once "
                           "it is out of reach."),

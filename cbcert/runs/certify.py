@@ -68,7 +68,7 @@ class CertifyJob:
       dtype: compute dtype of generator and classifiers (``float32`` or ``bfloat16``).
       schedule: ``fixed`` (Cohen's n for every input) or ``sequential`` (anytime-valid
         checkpoints up to n, `cbcert.certify.sequential`; inputs stop early, records add
-        ``samples`` and ``stop_reason``).
+        ``samples`` and ``stop_reason``; not with ``fixed`` noise).
       target_radius, radius_tolerance: the sequential stopping rules (`Stopping`; certify).
       first_checkpoint, checkpoint_ratio, final_alpha_share: the sequential checkpoints and
         levels (`Schedule.geometric`; None = its default; ``first_checkpoint <= n``).
@@ -121,6 +121,11 @@ class CertifyJob:
     def _check_schedule(self) -> None:
         check_settings(self.schedule, mode=self.mode, n=self.n,
                        **{key: getattr(self, key) for key in SEQUENTIAL_KEYS})
+        if self.noise == "fixed" and self.schedule == "sequential":
+            detail = ("got 'sequential', allowed: fixed; the sequential schedule is for Gaussian "
+                      "(σ) and Bernoulli (ρ) noise, not fixed-count flips")
+            raise ConfigError(f"schedule='sequential': {detail}", key="schedule",
+                              value=self.schedule, allowed="fixed", detail=detail)
 
     def pinned(self) -> dict[str, Any]:
         """The settings ``run.json`` pins: the sequential keys only in sequential runs, so that
