@@ -205,6 +205,7 @@ def test_tau_above_the_number_of_concepts_is_rejected(world, tmp_path):
         (["--tau", "0"], "--tau", "allowed range integer in [1, inf)"),
         (["--subsets", "1"], "--subsets", "[2, inf)"),
         (["--pool", "10", "--subset-size", "20"], "--pool", "[subset_size=20, inf)"),
+        (["--pool", "0", "--subset-size", "20"], "--pool", "got 0, allowed range [subset_size=20"),
         (["--models", "std"], "--models", "at least 2 distinct models"),
     ],
 )
