@@ -232,3 +232,19 @@ def test_fixed_count_flips_refuse_the_sequential_schedule(worldless, tmp_path, c
     assert result.exit_code == 2, result.output
     assert "--schedule" in result.output and "'sequential'" in result.output
     assert "fixed-count flips" in result.output and not out.exists()
+
+
+@pytest.mark.parametrize("kind,args,flag", [
+    ("pcbm", ["--backbone", "resnet18"], "--backbone-path"),
+    ("pcbm", ["--backbone-path", "CHECKPOINT"], "--backbone"),
+    ("pixpnet", [], "--config"),
+])
+def test_convert_names_the_missing_flag(tmp_path, kind, args, flag):
+    checkpoint = tmp_path / "model.ckpt"
+    checkpoint.write_bytes(b"not read")
+    args = [str(checkpoint) if a == "CHECKPOINT" else a for a in args]
+    result = CliRunner().invoke(cli.main, ["convert", kind, str(checkpoint),
+                                           str(tmp_path / "out"), *args])
+    assert result.exit_code == 2, result.output
+    assert f"for {flag}: not given" in result.output and kind in result.output, result.output
+    assert not (tmp_path / "out").exists()
