@@ -17,6 +17,16 @@ def runner(monkeypatch):
     return CliRunner()
 
 
+@pytest.fixture()
+def worldless(monkeypatch):
+    """A runner for flags refused before any world is loaded (or built: that takes seconds)."""
+    def no_world(name, **_):
+        raise AssertionError("the world must not be loaded for invalid flags")
+
+    monkeypatch.setattr(cli_common, "load_world", no_world)
+    return CliRunner()
+
+
 @pytest.mark.parametrize(
     "args,flag,allowed",
     [
@@ -59,13 +69,17 @@ def test_latent_run_prints_table_writes_records_and_resumes(runner, tmp_path):
     records = (out / "records.jsonl").read_text().splitlines()
     assert len(records) == 6
     summary = json.loads((out / "summary.json").read_text())
-    again = runner.invoke(cli.main, args)
-    assert again.exit_code == 0
+    pinned = (out / "run.json").read_text()
+    # --batch never changes records: run.json records it, but a rerun may change it.
+    again = runner.invoke(cli.main, [*args, "--batch", "1"])
+    assert again.exit_code == 0, again.output
     assert (out / "records.jsonl").read_text().splitlines() == records
+    assert (out / "run.json").read_text() == pinned
     assert json.loads((out / "summary.json").read_text())["models"]["std"]["acr"] == \
         summary["models"]["std"]["acr"]
     changed = runner.invoke(cli.main, [*args[:2], "0.5", *args[3:]])
     assert changed.exit_code == 2 and "--out" in changed.output
+    assert "(job.scale = 0.25 there, 0.5 now)" in changed.output, changed.output
 
 
 def test_concept_run_reports_hamming(runner, tmp_path):
@@ -182,3 +196,75 @@ def test_chunk_size_beyond_the_run_is_capped(runner, tmp_path):
     untimed = [{k: v for k, v in json.loads(line).items() if k != "seconds"}
                for d in "ab" for line in (tmp_path / d / "records.jsonl").read_text().splitlines()]
     assert untimed[: len(untimed) // 2] == untimed[len(untimed) // 2:]
+
+
+_SMALL_CERTIFY = ["--inputs", "1", "--n", "16", "--n0", "4"]
+
+
+@pytest.mark.parametrize("command", [
+    ["latent", "--sigma", "0.1", *_SMALL_CERTIFY],
+    ["concept", "--rho", "0.2", *_SMALL_CERTIFY],
+    ["perturb", "--eps", "0.1", "--tau", ""],
+    ["attack", "--eps", "0.1", "--iters", "1"],
+    ["explain", "--inputs", "1", "--n", "10", "--n0", "5", "--figure-inputs", "0"],
+])
+@pytest.mark.parametrize("models,shown", [("cbm,cbm", "'cbm,cbm'"), ("", "''")])
+def test_models_named_twice_or_none_are_refused(worldless, tmp_path, command, models, shown):
+    """`explain --models cbm,cbm` wrote every record twice; `latent --models ''` ran the
+    defaults."""
+    out = tmp_path / "x"
+    result = worldless.invoke(cli.main, [*command, "--models", models, "--out", str(out),
+                                         "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert "--models" in result.output and shown in result.output, result.output
+    assert not out.exists()
+
+
+def test_explain_flip_radius_beyond_the_concepts_is_refused_before_the_run(runner, tmp_path):
+    out = tmp_path / "x"
+    result = runner.invoke(cli.main, ["explain", "--rho", "0.1", "--flip-radius", "13",
+                                      "--inputs", "1", "--n", "10", "--n0", "5",
+                                      "--figure-inputs", "0", "--out", str(out), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert "--flip-radius" in result.output and "got 13" in result.output
+    assert "K=12" in result.output and not out.exists()
+
+
+def test_first_checkpoint_beyond_n_is_refused(worldless, tmp_path):
+    """It once became the fixed schedule without a word."""
+    out = tmp_path / "x"
+    result = worldless.invoke(cli.main, ["latent", "--sigma", "0.25", "--schedule",
+                                         "sequential", "--first-checkpoint", "64", "--n", "32",
+                                         "--n0", "4", "--inputs", "1", "--models", "std",
+                                         "--out", str(out), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert "--first-checkpoint" in result.output and "got 64" in result.output
+    assert "n=32" in result.output and not out.exists()
+
+
+@pytest.mark.parametrize("command", [["concept", "--flips", "1"],
+                                     ["predict", "--space", "concept", "--flips", "1"]])
+def test_fixed_count_flips_refuse_the_sequential_schedule(worldless, tmp_path, command):
+    out = tmp_path / "x"
+    result = worldless.invoke(cli.main, [*command, "--schedule", "sequential", "--inputs", "1",
+                                         "--n", "16", "--n0", "4", "--models", "std",
+                                         "--out", str(out), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert "--schedule" in result.output and "'sequential'" in result.output
+    assert "fixed-count flips" in result.output and not out.exists()
+
+
+@pytest.mark.parametrize("kind,args,flag", [
+    ("pcbm", ["--backbone", "resnet18"], "--backbone-path"),
+    ("pcbm", ["--backbone-path", "CHECKPOINT"], "--backbone"),
+    ("pixpnet", [], "--config"),
+])
+def test_convert_names_the_missing_flag(tmp_path, kind, args, flag):
+    checkpoint = tmp_path / "model.ckpt"
+    checkpoint.write_bytes(b"not read")
+    args = [str(checkpoint) if a == "CHECKPOINT" else a for a in args]
+    result = CliRunner().invoke(cli.main, ["convert", kind, str(checkpoint),
+                                           str(tmp_path / "out"), *args])
+    assert result.exit_code == 2, result.output
+    assert f"for {flag}: not given" in result.output and kind in result.output, result.output
+    assert not (tmp_path / "out").exists()

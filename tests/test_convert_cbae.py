@@ -205,7 +205,8 @@ def test_load_cbae_from_files(reference, ported, tmp_path):
     np.testing.assert_array_equal(restored.decode(c), ported.decode(c))
     result = CliRunner().invoke(cli.main, ["convert", "cbae", str(tmp_path / "cbae.pt"),
                                            str(tmp_path / "x")])
-    assert result.exit_code == 2 and "config_path=None; kind='cbae' needs it" in result.output
+    assert result.exit_code == 2
+    assert "--config: not given; kind 'cbae' needs it" in result.output, result.output
     (tmp_path / "bad.yaml").write_text("model:\n  num_ws: 3\n")
     with pytest.raises(ValueError, match="latent_noise_dim"):
         convert.load_cbae(tmp_path / "cbae.pt", tmp_path / "bad.yaml")

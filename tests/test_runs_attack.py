@@ -159,6 +159,15 @@ def test_rerun_with_other_settings_is_refused(base_run, tmp_path):
         run(WORLD, dataclasses.replace(BASE, eps=(0.1,)), other)
 
 
+def test_rerun_with_another_batch_resumes(base_run, tmp_path):
+    """--batch never changes records: pinned in run.json as before, but not compared."""
+    out, summary, _ = base_run
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    assert run(WORLD, dataclasses.replace(BASE, batch=8), again) == summary
+    assert (again / "run.json").read_text() == (out / "run.json").read_text()
+
+
 def test_l2_concept_space_attack(tmp_path):
     job = AttackJob(space="concept", norm="l2", eps=(0.5, 3.0), iters=10, models=("std",),
                     num_inputs=6, batch=6)

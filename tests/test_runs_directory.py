@@ -9,7 +9,9 @@ from cbcert.runs import directory
 from cbcert.runs.directory import (
     RecordsError,
     RunDirError,
+    RunMismatchError,
     check_writable,
+    open_run,
     read_records,
     write_json,
 )
@@ -49,6 +51,40 @@ def test_read_records_drops_a_torn_line_and_keys_records(tmp_path):
     _write(path, {"v": 1})
     with pytest.raises(RecordsError, match="line 1: record lacks the field 'index'"):
         read_records(path, key=lambda r: r["index"])
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_read_records_refuses_a_bare_nan_or_infinity_token(tmp_path, token):
+    """Records are strict JSON (`json_line`): a line with such a token is damaged, as a
+    malformed line is, not a record with a float."""
+    path = tmp_path / "r.jsonl"
+    path.write_text(f'{{"index": 1, "v": 2}}\n{{"index": 2, "v": {token}}}\n')
+    with pytest.raises(RecordsError, match=f"line 2: not a JSON record .*{token}"):
+        read_records(path, key=lambda r: r["index"])
+
+
+def test_a_rerun_with_other_settings_names_the_first_difference(tmp_path):
+    meta = {"job": {"n": 200, "models": ["std", "cbm"], "schedule": "sequential"},
+            "world": "builtin:default"}
+    open_run(tmp_path, meta)
+    open_run(tmp_path, json.loads(json.dumps(meta)))  # the same settings resume
+    changes = [({"job": {**meta["job"], "n": 100}}, "job.n = 200 there, 100 now"),
+               ({"world": "k8"}, "world = 'builtin:default' there, 'k8' now"),
+               ({"job": {"n": 200, "models": ["std", "cbm"]}},
+                "job.schedule = 'sequential' there, absent now")]
+    for change, named in changes:
+        with pytest.raises(RunMismatchError) as err:
+            open_run(tmp_path, {**meta, **change})
+        assert named in str(err.value) and "'std'" not in str(err.value), str(err.value)
+
+
+def test_settings_left_free_are_recorded_but_not_compared(tmp_path):
+    meta = {"job": {"n": 200, "batch": 10}, "world": "w"}
+    open_run(tmp_path, meta, free=("job.batch",))
+    open_run(tmp_path, {**meta, "job": {"n": 200, "batch": 3}}, free=("job.batch",))
+    assert json.loads((tmp_path / "run.json").read_text()) == meta
+    with pytest.raises(RunMismatchError, match="job.n = 200 there, 201 now"):
+        open_run(tmp_path, {**meta, "job": {"n": 201, "batch": 3}}, free=("job.batch",))
 
 
 def test_strict_json_refuses_nan_and_infinity(tmp_path):

@@ -160,6 +160,16 @@ def test_rerun_with_other_settings_is_refused(world, finished):
         run(world, dataclasses.replace(JOB, samples=3), out)
 
 
+def test_rerun_with_another_batch_resumes(world, finished, tmp_path):
+    """--batch never changes records: pinned in run.json as before, but not compared."""
+    full, result = finished
+    out = tmp_path / "again"
+    shutil.copytree(full, out)
+    again = run(world, dataclasses.replace(JOB, batch=5), out, chunk_size=CHUNK)
+    assert again.summary["budgets"] == result.summary["budgets"]
+    assert (out / RUN).read_text() == (full / RUN).read_text()
+
+
 @pytest.mark.parametrize(
     "changes,match",
     [
@@ -195,6 +205,7 @@ def test_tau_above_the_number_of_concepts_is_rejected(world, tmp_path):
         (["--tau", "0"], "--tau", "allowed range integer in [1, inf)"),
         (["--subsets", "1"], "--subsets", "[2, inf)"),
         (["--pool", "10", "--subset-size", "20"], "--pool", "[subset_size=20, inf)"),
+        (["--pool", "0", "--subset-size", "20"], "--pool", "got 0, allowed range [subset_size=20"),
         (["--models", "std"], "--models", "at least 2 distinct models"),
     ],
 )

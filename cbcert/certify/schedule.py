@@ -167,12 +167,15 @@ SEQUENTIAL_KEYS = ("target_radius", "radius_tolerance", "first_checkpoint", "che
                    "final_alpha_share")
 
 
-def check_settings(schedule: str, *, mode: str = "certify", **settings) -> None:
+def check_settings(schedule: str, *, mode: str = "certify", n: int | None = None,
+                   **settings) -> None:
     """Raise `ConfigError` (naming the key) unless the schedule settings are valid together.
 
     ``schedule`` must be ``fixed`` or ``sequential``; ``settings`` are the `SEQUENTIAL_KEYS`
     (None = unset), checked against their ranges, refused with the fixed schedule (which
     would ignore them) and, for ``target_radius``/``radius_tolerance``, with ``PREDICT``.
+    Given the run's ``n``, a ``first_checkpoint`` above it is refused too (`Schedule.geometric`
+    would quietly make that the fixed schedule; ``first_checkpoint = n`` asks for it).
     """
     if schedule not in SCHEDULES:
         raise _error("schedule", schedule, f"got {schedule!r}, allowed: fixed, sequential",
@@ -191,6 +194,10 @@ def check_settings(schedule: str, *, mode: str = "certify", **settings) -> None:
             raise _error(key, value, f"got {value!r}, which only the sequential schedule uses")
         if mode == "predict" and key in ("target_radius", "radius_tolerance"):
             raise _error(key, value, f"got {value!r}; PREDICT certifies no radius")
+    first = settings.get("first_checkpoint")
+    if schedule == "sequential" and first is not None and n is not None and first > n:
+        raise _error("first_checkpoint", first, f"got {first}, allowed range [1, n={n}] (the "
+                     "checkpoints end at n)", f"[1, {n}]")
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def certify_options(fn):
                      default=_default("schedule"), show_default=True,
                      help="fixed: --n estimation samples per input (Cohen's CERTIFY); "
                           "sequential: anytime-valid checkpoints up to --n, each input stops "
-                          "once decided."),
+                          "once decided (not with --flips)."),
         click.option("--target-radius", type=float, default=None,
                      help="Sequential: stop an input once certified at this radius, or once "
                           "it is out of reach."),
@@ -51,8 +51,8 @@ def certify_options(fn):
                      help="Sequential: stop an input once at most this much radius could "
                           "still be gained."),
         click.option("--first-checkpoint", type=int, default=None,
-                     help="Sequential: first checkpoint [default: 32]; the next ones grow by "
-                          "--checkpoint-ratio up to --n."),
+                     help="Sequential: first checkpoint, at most --n [default: 32]; the next "
+                          "ones grow by --checkpoint-ratio up to --n."),
         click.option("--checkpoint-ratio", type=float, default=None,
                      help="Sequential: growth factor of the checkpoints [default: 2]."),
         click.option("--final-alpha-share", type=float, default=None,
@@ -99,7 +99,9 @@ def run_certification(noise: str, scale, mode: str, opts: dict) -> dict:
 
     kind = smoothing(noise)
     pixels = opts["world_name"].startswith("pixels:")
-    models = opts["models"] or ("std" if pixels else ",".join(_default("models")))
+    models = opts["models"]
+    if models is None:  # '' names no model: refused by the job, not read as the default
+        models = "std" if pixels else ",".join(_default("models"))
     with common.bad_input():
         job = CertifyJob(noise=noise, scale=scale, mode=mode, n0=opts["n0"], n=opts["n"],
                          alpha=opts["alpha"], two_class=opts["two_class"],

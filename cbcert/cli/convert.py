@@ -8,6 +8,9 @@ import click
 
 from cbcert.cli import common
 
+# Arguments of `cbcert.convert.convert` whose flag is not ``--`` + the name with dashes.
+FLAGS = {"concept_bank_path": "--concept-bank", "config_path": "--config"}
+
 
 @click.command("convert")
 @click.argument("kind")
@@ -40,9 +43,10 @@ def convert_cmd(kind, checkpoint, out_dir, backbone, backbone_path, concept_bank
     if kind not in KINDS:
         raise click.BadParameter(f"got {kind!r}, allowed: {', '.join(KINDS)}", param_hint="KIND")
     try:
-        manifest = convert(kind, checkpoint, out_dir, backbone=backbone,
-                           backbone_path=backbone_path, concept_bank_path=concept_bank,
-                           config_path=config_path, network=network)
+        with common.bad_input(FLAGS):
+            manifest = convert(kind, checkpoint, out_dir, backbone=backbone,
+                               backbone_path=backbone_path, concept_bank_path=concept_bank,
+                               config_path=config_path, network=network)
     except ImportError as err:
         raise click.ClickException(f"{err}; install the torch extra: pip install "
                                    "'cbcert[torch]'") from None

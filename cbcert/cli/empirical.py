@@ -90,6 +90,9 @@ def perturb(eps_list: str, tau_list: str, sigma_list: str, rho_list: str, models
     rho = common.budgets(rho_list, "--rho", float)
     if not (eps or tau or sigma or rho):
         raise click.UsageError("give at least one budget with --eps, --tau, --sigma or --rho")
+    if pool is not None and pool < 1:  # PerturbJob would read num_inputs=0 as its default
+        raise click.BadParameter(f"got {pool}, allowed range [subset_size={subset_size}, inf)",
+                                 param_hint="--pool")
     with common.bad_input(PERTURB_FLAGS):
         job = PerturbJob(eps=eps, tau=tau, sigma=sigma, rho=rho, models=common.names(models),
                          seed=seed,

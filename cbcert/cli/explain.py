@@ -43,7 +43,8 @@ def _default(name: str):
               help="Also certify the cited concepts' signs under Bernoulli concept flips with "
                    "probability ρ (Hamming radius --flip-radius).")
 @click.option("--flip-radius", type=int, default=_default("flip_radius"), show_default=True,
-              help="Hamming radius at which cited concepts must keep their sign (--rho).")
+              help="Hamming radius at which cited concepts must keep their sign (--rho), in "
+                   "[1, K].")
 @click.option("--top-k", type=int, default=_default("top_k"), show_default=True,
               help="Concepts per explanation.")
 @click.option("--figure-inputs", type=int, default=_default("figure_inputs"),

@@ -25,6 +25,7 @@ from flax import nnx
 
 from cbcert.io.checkpoint import sha256_file
 from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, save_module
+from cbcert.schema import ConfigError
 
 CLASSIFIER_KINDS = (*RESNET_NAMES, *DENSENET_NAMES, "pcbm", "pixpnet")
 GENERATOR_KINDS = ("stylegan2", "biggan", "cbae")
@@ -37,10 +38,19 @@ def _source(path: str | pathlib.Path) -> dict[str, str]:
     return {"file": path.name, "sha256": sha256_file(path)}
 
 
-def _require(value: Any, name: str, kind: str) -> Any:
-    if value is None:
-        raise ValueError(f"{name}=None; kind={kind!r} needs it")
-    return value
+# The arguments each kind cannot do without (checked before any file is read).
+_NEEDS = {"pcbm": ("backbone", "backbone_path"), "pixpnet": ("config_path",),
+          "biggan": ("config_path",), "cbae": ("config_path",)}
+
+
+def _require(kind: str, **given: Any) -> None:
+    """Raise `ConfigError` (key: the argument) for the first argument ``kind`` needs that is
+    None, so a front end can name its own option for it."""
+    for name in _NEEDS.get(kind, ()):
+        if given[name] is None:
+            detail = f"not given; kind {kind!r} needs it"
+            raise ConfigError(f"{name}=None; kind={kind!r} needs it", key=name, value=None,
+                              detail=detail)
 
 
 def read_module(kind: str, checkpoint_path: str | pathlib.Path, *,
@@ -62,14 +72,16 @@ def read_module(kind: str, checkpoint_path: str | pathlib.Path, *,
       ``concept_names``, ``upstream_backbone_name``; stylegan2: ``network``).
 
     Raises:
-      ValueError: bad arguments, or a checkpoint that does not match the architecture (every
-        unknown, missing and mis-shaped key is listed by name).
+      ValueError: bad arguments (a missing one as `cbcert.schema.ConfigError` with its name as
+        ``key``), or a checkpoint that does not match the architecture (every unknown, missing
+        and mis-shaped key is listed by name).
       ImportError: torch is not installed and the kind's files need it (all but stylegan2).
     """
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}; allowed: {KINDS}")
     if network is not None and kind != "stylegan2":
         raise ValueError(f"{network_setting}={network!r}; only kind='stylegan2' takes it")
+    _require(kind, backbone=backbone, backbone_path=backbone_path, config_path=config_path)
     if kind in RESNET_NAMES or kind in DENSENET_NAMES:
         from cbcert.convert import common, torchvision
 
@@ -78,18 +90,15 @@ def read_module(kind: str, checkpoint_path: str | pathlib.Path, *,
     if kind == "pcbm":
         from cbcert.convert import common, pcbm
 
-        backbone_tensors = common.load_torch_state_dict(
-            _require(backbone_path, "backbone_path", kind))
+        backbone_tensors = common.load_torch_state_dict(backbone_path)
         module, checkpoint = pcbm.pcbm_from_checkpoints(
-            checkpoint_path, _require(backbone, "backbone", kind), backbone_tensors,
-            concept_bank_path)
+            checkpoint_path, backbone, backbone_tensors, concept_bank_path)
         return module, {"concept_names": list(checkpoint.concept_names),
                         "upstream_backbone_name": checkpoint.backbone_name}
     if kind == "pixpnet":
         from cbcert.convert import pixpnet
 
-        module, _ = pixpnet.pixpnet_from_checkpoint(
-            checkpoint_path, _require(config_path, "config_path", kind))
+        module, _ = pixpnet.pixpnet_from_checkpoint(checkpoint_path, config_path)
         return module, {}
     if kind == "stylegan2":
         from cbcert.convert import stylegan2
@@ -100,10 +109,10 @@ def read_module(kind: str, checkpoint_path: str | pathlib.Path, *,
     if kind == "biggan":
         from cbcert.convert import biggan
 
-        return biggan.load_biggan(checkpoint_path, _require(config_path, "config_path", kind)), {}
+        return biggan.load_biggan(checkpoint_path, config_path), {}
     from cbcert.convert import cbae
 
-    return cbae.load_cbae(checkpoint_path, _require(config_path, "config_path", kind)), {}
+    return cbae.load_cbae(checkpoint_path, config_path), {}
 
 
 def convert(kind: str, checkpoint_path: str | pathlib.Path, out_dir: str | pathlib.Path, *,

@@ -101,7 +101,9 @@ class AttackJob:
       n, alpha: PREDICT samples and level (smoothed only).
       models: models attacked, each on its own.
       seed: root seed; num_inputs: inputs attacked (agreement set, pool order).
-      batch: inputs per APGD call (unit of progress and of resumption).
+      batch: inputs per APGD call (unit of progress and of resumption); records do not depend
+        on it beyond float32 rounding (README, "Reproducibility"), so ``run.json`` records it
+        but a rerun may change it.
       explain: record the explaining models' explanations at the clean and the adversarial
         point (base attacks; module docstring).
     """
@@ -235,7 +237,8 @@ def records_of(path: Path, job: AttackJob, indices) -> list[dict]:
 
 
 def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> dict[str, Any]:
-    open_run_dir(out, {"job": job.settings(), "world": world.name}, world)
+    open_run_dir(out, {"job": job.settings(), "world": world.name}, world,
+                 free=("job.batch",))
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
     records_path = out / RECORDS

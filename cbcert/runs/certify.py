@@ -63,14 +63,15 @@ class CertifyJob:
       two_class: two-class bound with the runner-up (α split between both bounds).
       models: model names, evaluated on the same noisy images.
       seed: root seed; num_inputs: inputs certified (taken from the agreement set, in pool order).
-      batch: inputs per engine call (a unit of progress and of resumption; fixed schedule).
+      batch: inputs per engine call (a unit of progress and of resumption; fixed schedule);
+        it never changes records, so ``run.json`` records it but a rerun may change it.
       dtype: compute dtype of generator and classifiers (``float32`` or ``bfloat16``).
       schedule: ``fixed`` (Cohen's n for every input) or ``sequential`` (anytime-valid
         checkpoints up to n, `cbcert.certify.sequential`; inputs stop early, records add
-        ``samples`` and ``stop_reason``).
+        ``samples`` and ``stop_reason``; not with ``fixed`` noise).
       target_radius, radius_tolerance: the sequential stopping rules (`Stopping`; certify).
       first_checkpoint, checkpoint_ratio, final_alpha_share: the sequential checkpoints and
-        levels (`Schedule.geometric`; None = its default).
+        levels (`Schedule.geometric`; None = its default; ``first_checkpoint <= n``).
       num_subsets, subset_size: the summary also reports SmAcc, ACR and the radius of correct
         inputs as mean ± sd over ``num_subsets`` random subsets of ``subset_size`` certified
         inputs, with paired permutation tests between models (`cbcert.robustness.
@@ -118,8 +119,13 @@ class CertifyJob:
         check_subsets(self.num_subsets, self.subset_size, self.num_inputs)
 
     def _check_schedule(self) -> None:
-        check_settings(self.schedule, mode=self.mode,
+        check_settings(self.schedule, mode=self.mode, n=self.n,
                        **{key: getattr(self, key) for key in SEQUENTIAL_KEYS})
+        if self.noise == "fixed" and self.schedule == "sequential":
+            detail = ("got 'sequential', allowed: fixed; the sequential schedule is for Gaussian "
+                      "(σ) and Bernoulli (ρ) noise, not fixed-count flips")
+            raise ConfigError(f"schedule='sequential': {detail}", key="schedule",
+                              value=self.schedule, allowed="fixed", detail=detail)
 
     def pinned(self) -> dict[str, Any]:
         """The settings ``run.json`` pins: the sequential keys only in sequential runs, so that
@@ -168,12 +174,17 @@ def check_subsets(num_subsets: int, subset_size: int, num_inputs: int) -> None:
 
 
 def check_models(models: tuple[str, ...], minimum: int = 1) -> None:
-    """Raise `ConfigError` (key ``models``) unless ``models`` has ≥ ``minimum`` distinct names."""
-    if len(set(models)) != len(models) or len(models) < minimum:
-        need = f"at least {minimum} distinct models" if minimum > 1 else "each model once"
-        detail = f"got {','.join(models)!r}; name {need}"
-        raise ConfigError(f"models={list(models)}: {detail}", key="models", value=models,
-                          detail=detail)
+    """Raise `ConfigError` (key ``models``) unless ``models`` has ≥ ``minimum`` distinct names
+    and none twice (a repeated model would be evaluated, and recorded, twice)."""
+    if len(set(models)) != len(models):
+        need = "each model once"
+    elif len(models) < minimum:
+        need = f"at least {minimum} distinct models" if minimum > 1 else "at least one model"
+    else:
+        return
+    detail = f"got {','.join(models)!r}; name {need}"
+    raise ConfigError(f"models={list(models)}: {detail}", key="models", value=models,
+                      detail=detail)
 
 
 # Record fields and their JSON types (bool is not an int here); None marks "or null".
@@ -266,7 +277,8 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
     k = world.generator.num_concepts
     if preflight:
         sequential.check_certifiable(job, k)
-    open_run_dir(out, {"job": job.pinned(), "world": world.name}, world)
+    open_run_dir(out, {"job": job.pinned(), "world": world.name}, world,
+                 free=("job.batch",))
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
     records_path = out / RECORDS

@@ -7,10 +7,12 @@ the same way:
   refused in a second instead of after an hour of sampling;
 * ``hold(out)`` (`cbcert.runs.lock`) takes an exclusive lock for the whole run;
 * ``open_run(out, meta)`` pins the run's settings in ``run.json``; a rerun with other settings
-  is refused, a damaged ``run.json`` is reported with its path;
+  is refused naming the first setting that differs (settings that never change results, such
+  as ``batch``, are recorded but left free), a damaged ``run.json`` is reported with its path;
 * ``read_records(path, key, check)`` reads the JSONL records appended as work finishes: a torn
   last line (a crash mid-write) is dropped, a malformed complete line is an error naming the
-  file and line, a record failing ``check`` (an input that is not part of the run, an unknown
+  file and line (records are strict JSON: a bare ``NaN`` or ``Infinity`` makes a line
+  malformed), a record failing ``check`` (an input that is not part of the run, an unknown
   model or budget) is refused, and records are keyed so that a duplicated line cannot be
   counted twice: exact duplicates (ignoring wall-clock ``seconds``) collapse to one, two
   different records for one key are refused;
@@ -30,7 +32,7 @@ import json
 import math
 import os
 import socket
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,7 +40,7 @@ import jax
 
 from cbcert.engine import distributed
 from cbcert.runs import peers
-from cbcert.schema import ConfigError, shorten
+from cbcert.schema import ConfigError, short_repr, shorten
 
 RUN = "run.json"
 RECORDS = "records.jsonl"
@@ -206,42 +208,80 @@ def json_line(record: dict) -> str:
     return json.dumps(record, allow_nan=False) + "\n"
 
 
+def _no_constant(token: str) -> None:
+    raise ValueError(f"{token} is not strict JSON")
+
+
+def _strict_loads(text: str) -> Any:
+    """``json.loads`` refusing the ``NaN``, ``Infinity`` and ``-Infinity`` tokens (ValueError),
+    which `json_line` never writes."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
 def finite_or_none(value: float) -> float | None:
     """``float(value)``, or None where it is NaN or infinite (strict JSON has neither)."""
     value = float(value)
     return value if math.isfinite(value) else None
 
 
-def open_run(out: Path, meta: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+def open_run(out: Path, meta: dict[str, Any], extra: dict[str, Any] | None = None, *,
+             free: Collection[str] = ()) -> None:
     """Write ``out/run.json`` (``meta`` plus ``extra``), or check the one there.
 
     A run directory holds one run: if ``run.json`` exists, its ``meta`` keys must equal
     ``meta`` (compared after a JSON round trip, so tuples equal the lists read back), else
-    `RunMismatchError`. ``extra`` (versions, devices) is written but not compared. In a
-    multi-host job process 0 does this and the others share its outcome.
+    `RunMismatchError` naming the first setting that differs (``job.n = 200 there, 100
+    now``). ``free`` lists dotted paths into ``meta`` (``"job.batch"``) of settings that never
+    change results: written, not compared, so a rerun may change them (``run.json`` keeps the
+    first run's). ``extra`` (versions, devices) is written but not compared. In a multi-host
+    job process 0 does this and the others share its outcome.
     """
-    on_coordinator(lambda: _open_run(Path(out), meta, extra))
+    on_coordinator(lambda: _open_run(Path(out), meta, extra, free))
 
 
-def _open_run(out: Path, meta: dict[str, Any], extra: dict[str, Any] | None) -> None:
+_ABSENT = object()
+
+
+def _shown(value: Any) -> str:
+    return "absent" if value is _ABSENT else short_repr(value)
+
+
+def _difference(old: Any, new: Any, path: str, free: Collection[str]) -> str | None:
+    """``"path = old there, new now"`` for the first setting where ``old`` and ``new`` differ
+    (depth first, in ``new``'s order, then keys only ``old`` has), None if they agree."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in [*new, *(k for k in old if k not in new)]:
+            where = f"{path}.{key}"
+            if where not in free:
+                found = _difference(old.get(key, _ABSENT), new.get(key, _ABSENT), where, free)
+                if found:
+                    return found
+        return None
+    return None if old == new else f"{path} = {_shown(old)} there, {_shown(new)} now"
+
+
+def _open_run(out: Path, meta: dict[str, Any], extra: dict[str, Any] | None,
+              free: Collection[str]) -> None:
     meta = json.loads(json.dumps(meta))
     run_file = Path(out) / RUN
     if run_file.exists():
         previous = read_json(run_file)
         if not isinstance(previous, dict):
             raise RecordsError(f"{run_file}: damaged, expected a JSON object")
-        if {k: previous.get(k) for k in meta} != meta:
-            shown = shorten({k: previous.get(k) for k in meta}, 400)
-            raise RunMismatchError(f"{out} holds a run with different settings ({shown}); use "
-                                   "another --out or delete it")
+        for key in (k for k in meta if k not in free):
+            found = _difference(previous.get(key, _ABSENT), meta[key], key, free)
+            if found:
+                raise RunMismatchError(f"{out} holds a run with different settings ({found}); "
+                                       "use another --out or delete it")
         return
     Path(out).mkdir(parents=True, exist_ok=True)
     write_json(run_file, {**meta, **(extra or {})})
 
 
-def open_run_dir(out: Path, meta: dict[str, Any], world) -> None:
+def open_run_dir(out: Path, meta: dict[str, Any], world, *,
+                 free: Collection[str] = ()) -> None:
     """``runs.directory.open_run`` of ``world_pin(meta, world)`` with the versions and devices
-    (see `run_info`).
+    (see `run_info`); ``free`` as in `open_run` (recorded, not compared on a rerun).
 
     In a multi-host job every process first checks those settings and the world's parameters
     against process 0's (`cbcert.runs.peers`): before any sampling, all processes raise
@@ -250,7 +290,7 @@ def open_run_dir(out: Path, meta: dict[str, Any], world) -> None:
     meta = world_pin(meta, world)
     if peers.in_job():
         peers.check({"run": meta, "world": peers.world_identity(world)})
-    open_run(out, meta, run_info())
+    open_run(out, meta, run_info(), free=free)
 
 
 def world_pin(meta: dict[str, Any], world) -> dict[str, Any]:
@@ -311,8 +351,8 @@ def read_records(path: Path, key: Callable[[dict], Hashable],
             continue
         where = f"{path}, line {number}"
         try:
-            record = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            record = _strict_loads(line.decode("utf-8"))
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, a NaN/Infinity token
             raise RecordsError(f"{where}: not a JSON record ({shorten(str(err))}): "
                                f"{shorten(line.decode('utf-8', 'replace'))}") from None
         if not isinstance(record, dict):

@@ -73,6 +73,7 @@ from cbcert.generators.concept_world import label_of
 from cbcert.robustness import explain as ex
 from cbcert.runs import explanations
 from cbcert.runs.budgets import observer
+from cbcert.runs.certify import check_models
 from cbcert.runs.directory import check_writable, json_line, open_run_dir, write_json
 from cbcert.runs.lock import hold
 from cbcert.runs.pool import agreement_pool, encode_inputs
@@ -90,7 +91,7 @@ class ExplainJob:
     """Settings of `certify explain` (module docstring).
 
     Attributes:
-      models: models explained (``cbm``, ``cbmh``, ``proto``).
+      models: models explained (``cbm``, ``cbmh``, ``proto``), at least one, each once.
       num_inputs: agreement inputs explained.
       eps: latent shift norm ε > 0; tau: concepts flipped, 1..K.
       sigma: latent noise σ of the concept certificate; radius: R ≥ 0 at which stability is
@@ -98,7 +99,7 @@ class ExplainJob:
       top_k: explanation length; seed: root seed (pool, noise, bootstrap); figure_inputs: inputs
         drawn in ``explain.png`` (0: no figure).
       rho: also certify the cited concepts' signs under Bernoulli concept flips of c with
-        probability ρ (Hamming radius ``flip_radius``), or None.
+        probability ρ (Hamming radius ``flip_radius``, 1..K), or None.
     """
 
     models: tuple[str, ...] = ("cbm", "cbmh", "proto")
@@ -138,8 +139,9 @@ class ExplainJob:
         if not (isinstance(self.figure_inputs, int) and 0 <= self.figure_inputs):
             raise ConfigError(f"figure_inputs={self.figure_inputs!r}: allowed range [0, inf)",
                               key="figure_inputs", value=self.figure_inputs, allowed="[0, inf)")
+        check_models(self.models)
         unknown = [m for m in self.models if m not in EXPLAINED]
-        if unknown or not self.models:
+        if unknown:
             detail = (f"got {list(self.models)}; explained models: "
                       f"{', '.join(EXPLAINED)}")
             raise ConfigError(f"models: {detail}", key="models", value=self.models,
@@ -296,12 +298,17 @@ def has_class_rule(world) -> bool:
 
 def check(world, job: ExplainJob) -> None:
     """`ConfigError` for a world without concept head (concept models) or prototype head
-    (``proto``), or τ > K."""
+    (``proto``), τ > K, or (with ρ) a flip radius > K: no two states of K concepts are
+    further apart."""
     explanations.check(world, job.models)
     k = world.generator.num_concepts
     if job.tau > k:
         raise ConfigError(f"tau={job.tau}: allowed range [1, K={k}]", key="tau", value=job.tau,
                           allowed=f"[1, {k}]")
+    if job.rho is not None and job.flip_radius > k:
+        detail = f"got {job.flip_radius}, allowed range [1, K={k}] (concepts of the world)"
+        raise ConfigError(f"flip_radius={job.flip_radius}: {detail}", key="flip_radius",
+                          value=job.flip_radius, allowed=f"[1, {k}]", detail=detail)
 
 
 def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: int | None = None,
@@ -310,7 +317,8 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
 
     ``progress(done, total)`` is called after each of the `STEPS` phases.
 
-    Raises `ConfigError` for a world without concept head or ground-truth patterns, or τ > K.
+    Raises `ConfigError` for a world without concept head or ground-truth patterns, τ > K or
+    (with ρ) a flip radius > K.
     """
     world.check_models(job.models)
     world.check_models(("std", "cbm"))

@@ -26,8 +26,9 @@ exactly the distribution of SPEC §1. σ and ρ budgets draw sample j from
 ``sample_key(fold_in(root, Stream.ESTIMATE), i, j)``: exactly the estimation noise of ``certify
 latent --sigma σ`` / ``certify concept --rho ρ`` with the same seed, so their PFR is the
 fraction of the certificate's own noisy samples that leave the clean prediction. Records depend
-only on ``(seed, i, j)`` and the batch an input falls in (batches are fixed blocks of the
-agreement set), so a resumed run writes the same records and summary as an uninterrupted one.
+only on ``(seed, i, j)`` (their float32 ``dfs`` also, up to rounding, on the batch and chunk an
+input falls in: README, "Reproducibility"), so a resumed run writes the same records and summary
+as an uninterrupted one, bit for bit with the same ``batch``.
 
 Size: ~420 lines: the job, its budgets, the run loop with resumption, records and the summary
 of the empirical protocol (its statistics live in `cbcert.robustness`).
@@ -83,7 +84,9 @@ class PerturbJob:
       num_subsets: k >= 2 subsets of the paired design; subset_size: n >= 1 inputs per subset.
       num_inputs: M agreement inputs perturbed (the subsets are drawn among them), >= n;
         0 means the default 2 n, so that subsets overlap by about half.
-      batch: inputs per engine call (unit of progress and resumption).
+      batch: inputs per engine call (unit of progress and resumption); records do not depend
+        on it beyond float32 rounding (README, "Reproducibility"), so ``run.json`` records it
+        but a rerun may change it.
       explain: also record cbm/cbmh/proto explanations, clean and perturbed, and report their
         stability (`cbcert.runs.explanations`); off by default (larger records).
     """
@@ -274,7 +277,7 @@ def run(
 
     Resumable: inputs already recorded in ``<out>/<budget>.jsonl`` are skipped (only whole
     batches are recomputed, so records stay bit-identical). ``run.json`` pins the settings
-    except the budget lists, so a rerun may add budgets to a finished run.
+    except the budget lists and ``batch``, so a rerun may add budgets to a finished run.
 
     Args:
       world: a `cbcert.worlds.world.World` offering ``std``, ``cbm`` and ``job.models``.
@@ -296,7 +299,8 @@ def run(
     out = Path(out)
     check_writable(out)
     with hold(out):
-        open_run_dir(out, {"settings": job.settings(), "world": world.name}, world)
+        open_run_dir(out, {"settings": job.settings(), "world": world.name}, world,
+                     free=("settings.batch",))
         memory = dict(chunk_size=chunk_size, max_memory=max_memory)
         pool = agreement_pool(world, job.seed, job.num_inputs, space="latent", **memory)
         kinds = _kinds(world, job, pool.latents, jax.random.key(job.seed), memory)
