@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cbcert.runs.directory import LOCK, RunDirError, RunLockedError, _check_writable, on_coordinator
-from cbcert.schema import shorten
+from cbcert.schema import file_kind, shorten
 
 # A lock probe (`lock_holder`) holds a directory's lock for microseconds; `hold` retries this
 # often, 20 ms apart, before it calls the directory busy.
@@ -64,11 +64,6 @@ def _flock(handle) -> OSError | None:
     return None
 
 
-_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
-          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
-          (stat.S_ISBLK, "a device"))
-
-
 def _open_lock_file(path: Path):
     """``path`` opened read-write (created if absent), refused unless it is our own file.
 
@@ -99,8 +94,8 @@ def _open_lock_file(path: Path):
 
 
 def _not_regular(path: Path, mode: int) -> RunDirError:
-    kind = next((what for test, what in _KINDS if test(mode)), "not a file")
-    return RunDirError(f"{path}: not a regular file ({kind}); remove it or use another --out")
+    return RunDirError(f"{path}: not a regular file ({file_kind(mode)}); remove it or use "
+                       "another --out")
 
 
 @contextlib.contextmanager
