@@ -40,24 +40,27 @@ def read_object(path: Path) -> dict[str, Any]:
     return data
 
 
-def _is_entry(entry: Any) -> bool:
-    """A manifest entry: an object whose ``name`` is one plain directory name."""
-    return (isinstance(entry, dict) and isinstance(entry.get("name"), str)
-            and entry["name"] not in ("", ".", "..") and "/" not in entry["name"])
+def _is_entry(entry: Any, directory: bool) -> bool:
+    """A manifest entry: an object with a string ``name``; ``directory``: one plain directory
+    name (the report reads and writes under it)."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry["name"]):
+        return False
+    return not directory or (entry["name"] not in (".", "..") and "/" not in entry["name"])
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any] | None:
-    """A sweep directory's manifest (``cells`` and ``worlds``: lists of ``{"name": …}``), or
-    None if there is none; `DamagedFileError` naming it if it is damaged."""
+    """A sweep directory's manifest (``cells``: a list of ``{"name": …}``; ``worlds``: the same
+    with directory names), or None if there is none; `DamagedFileError` naming it if damaged."""
     path = Path(run_dir) / MANIFEST
     if not path.is_file():
         return None
     manifest = read_object(path)
-    for key in ("cells", "worlds"):
+    for key, rule in (("cells", "a 'name'"), ("worlds", "a 'name' (a directory name)")):
         entries = manifest.get(key, [])
-        if not (isinstance(entries, list) and all(_is_entry(e) for e in entries)):
-            raise DamagedFileError(f"{path}: {key!r} must be a list of objects with a 'name' "
-                                   f"(a directory name); found {short_repr(entries)}")
+        if not (isinstance(entries, list)
+                and all(_is_entry(e, directory=key == "worlds") for e in entries)):
+            raise DamagedFileError(f"{path}: {key!r} must be a list of objects with {rule}; "
+                                   f"found {short_repr(entries)}")
     return manifest
 
 
