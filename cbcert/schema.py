@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import reprlib
+import stat
 import types
 import typing
 from collections.abc import Mapping
@@ -24,6 +25,14 @@ def shorten(text: Any, limit: int = _SHOWN) -> str:
     """Bounded text for messages: ``text`` (a string, or any value's ``repr``) cut to ``limit``."""
     text = text if isinstance(text, str) else repr(text)
     return text if len(text) <= limit else f"{text[: limit - 20]}… ({len(text)} characters)"
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, for messages: ``"a FIFO"``, ``"a directory"``, ..."""
+    kinds = ((stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symbolic link"),
+             (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+    return next((kind for test, kind in kinds if test(mode)), "not a file")
 
 
 _REPR = reprlib.Repr()

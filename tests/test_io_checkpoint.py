@@ -122,6 +122,7 @@ def test_restoring_into_another_structure_is_refused(saved):
     (None, "no manifest.json; not a cbcert checkpoint"),
     ("{", "manifest.json is not valid JSON"),
     ("[1, 2]", "damaged manifest.json, expected a JSON object"),
+    ("[" * 100_000, "manifest.json is not valid JSON \\(nested too deeply\\)"),
     (json.dumps({"format_version": 3}), "format_version=3; this cbcert reads versions 1 and 2"),
     (json.dumps({"format_version": "x" * 10_000}), "this cbcert reads versions 1 and 2"),
     (json.dumps({"format_version": 2, "kind": "k", "config": {}, "params_sha256": "abc",

@@ -291,28 +291,47 @@ def test_crafted_file_is_refused_naming_file_and_problem(crafted, case):
 
 @pytest.fixture(scope="module")
 def bombs(tmp_path_factory):
-    """Archives whose one data member inflates to 2 GiB (~2 MB on disk)."""
+    """Archives of a few MB whose storages or tensors would take GiBs in memory."""
     root = tmp_path_factory.mktemp("bombs")
     payload = deflated_zeros(BOMB_BYTES)
     bomb_crc = zeros_crc(BOMB_BYTES)
+    gib = 1 << 30
+    gib_member = (deflated_zeros(gib), zipfile.ZIP_DEFLATED, zeros_crc(gib), gib)
+    part = 3 * CHUNK  # 48 MiB, within the budget of a file of ~150 KB; two of them are not
+    part_member = (deflated_zeros(part), zipfile.ZIP_DEFLATED, zeros_crc(part), part)
     small = tensor(ZipStorage("0", 4), 0, (4,), (1,))
     declared = tensor(ZipStorage("0", BOMB_BYTES // 4), 0, (4,), (1,))
+    # three storages of 1 GiB each: every one within MAX_TENSOR_BYTES, 3 GiB in all
+    three_gib = [tensor(ZipStorage(key, gib // 4), 0, (4,), (1,)) for key in "012"]
+    three_parts = [tensor(ZipStorage(key, part // 4), 0, (4,), (1,)) for key in "012"]
+    # three 1 GiB tensors, each repeating one element of a 16-byte storage (stride 0)
+    three_views = [tensor(ZipStorage("0", 4), 0, (gib // 4,), (0,)) for _ in range(3)]
     cases = {  # the peak is the subprocess's high-water mark: the benign case goes first
         # the header lies (16 bytes) about a 2 GiB stream: only 16 bytes may be inflated
-        "header under-states the member": (small, 16, zlib.crc32(bytes(16)), None),
+        "header under-states the member": (small, {"0": (payload, zipfile.ZIP_DEFLATED,
+                                                         zlib.crc32(bytes(16)), 16)}, None),
         # the storage needs 16 bytes, the member honestly declares 2 GiB
-        "member larger than its storage": (small, BOMB_BYTES, bomb_crc,
+        "member larger than its storage": (small, {"0": (payload, zipfile.ZIP_DEFLATED,
+                                                         bomb_crc, BOMB_BYTES)},
                                            f"declares {BOMB_BYTES} bytes but its storage holds "
                                            "16"),
         # the pickle itself declares a 2 GiB storage
-        "storage larger than the limit": (declared, BOMB_BYTES, bomb_crc,
+        "storage larger than the limit": (declared, {"0": (payload, zipfile.ZIP_DEFLATED,
+                                                           bomb_crc, BOMB_BYTES)},
                                           f"declares {BOMB_BYTES // 4} elements"),
+        "storages of GiBs from MBs": (three_gib, dict.fromkeys("012", gib_member),
+                                      "storage '0' would bring what the file holds to "),
+        "storages larger than the total": (three_parts, dict.fromkeys("012", part_member),
+                                           "storage '1' would bring what the file holds to "),
+        "tensors larger than the total": (three_views, {"0": stored("", bytes(16))[1:]},
+                                          "tensor of size (268435456,) would bring what the "
+                                          "file holds to "),
     }
     runs, expected = [], {}
-    for i, (name, (obj, size, crc, message)) in enumerate(cases.items()):
+    for i, (name, (obj, members, message)) in enumerate(cases.items()):
         path = write_raw_zip(root / f"bomb{i}.pt", [
             stored("archive/data.pkl", data_pkl(obj)), stored("archive/byteorder", b"little"),
-            ("archive/data/0", payload, zipfile.ZIP_DEFLATED, crc, size)])
+            *((f"archive/data/{key}", *member) for key, member in members.items())])
         assert path.stat().st_size < BOMB_BYTES // 256
         runs.append((name, "zip", path, None))
         expected[name] = (path, message)
@@ -321,7 +340,10 @@ def bombs(tmp_path_factory):
 
 @pytest.mark.parametrize("case", ["header under-states the member",
                                   "member larger than its storage",
-                                  "storage larger than the limit"])
+                                  "storage larger than the limit",
+                                  "storages of GiBs from MBs",
+                                  "storages larger than the total",
+                                  "tensors larger than the total"])
 def test_zip_bomb_is_not_inflated(bombs, case):
     results, expected = bombs
     path, message = expected[case]
@@ -401,6 +423,16 @@ def test_numpy_pickles_load_identically(tmp_path, protocol):
     assert loaded["striped"][4] == {"max": 1.5, "pos_count": 50}
     np.testing.assert_array_equal(loaded["fortran"], bank["fortran"])
     assert list(loaded["objects"]) == [1, "x", None] and loaded["names"] == ["a", "b"]
+
+
+def test_byte_budget_is_relative_to_the_file_and_capped_absolutely():
+    small, large = pickles.ByteBudget("f", 1000), pickles.ByteBudget("f", 1 << 30)
+    assert small.limit == 16 * 1000 + (64 << 20) and large.limit == pickles.MAX_TOTAL_BYTES
+    large.take(pickles.MAX_TOTAL_BYTES - 8, "storage 'a'")
+    with pytest.raises(ValueError, match=f"f: storage 'b' would bring what the file holds to "
+                                         f"{pickles.MAX_TOTAL_BYTES + 8} bytes in all; at most "
+                                         f"{pickles.MAX_TOTAL_BYTES}"):
+        large.take(16, "storage 'b'")
 
 
 def test_view_reaching_the_last_element_is_accepted():

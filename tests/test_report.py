@@ -3,7 +3,9 @@
 import csv
 import json
 import os
+import shutil
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -292,3 +294,51 @@ def test_perturb_explanation_table_and_figure(tmp_path):
     assert path.read_bytes()[:8] == PNG_MAGIC
     assert figure_perturb_explanations({}, tmp_path / "none.png") is None
     assert tables.explain_tables([cells.CellResult("p", "perturb", {}, {})]) == []
+
+
+REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
+
+
+def _reference_sweep(root):
+    """A copy of the reference sweep's manifest and one of its certification cells."""
+    root.mkdir()
+    shutil.copy(REFERENCE / "manifest.json", root / "manifest.json")
+    shutil.copytree(REFERENCE / "latent-sigma0.1", root / "latent-sigma0.1")
+    return root
+
+
+def test_report_where_it_cannot_write_exits_2_before_reading(tmp_path, monkeypatch):
+    cell = _reference_sweep(tmp_path / "run") / "latent-sigma0.1"
+    (cell / report.REPORT_DIR).write_text("not a directory")
+    result = CliRunner().invoke(main, ["report", str(cell)])
+    assert result.exit_code == 2, result.output
+    assert f"{cell / report.REPORT_DIR} is a file" in " ".join(result.output.split())
+    (cell / report.REPORT_DIR).unlink()
+    # Root may write anywhere, so a read-only run is simulated through os.access.
+    readable = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kwargs: False if
+                        mode & os.W_OK else readable(path, mode, **kwargs))
+    result = CliRunner().invoke(main, ["report", str(cell)])
+    assert result.exit_code == 2, result.output
+    assert "is not writable" in result.output and not (cell / report.REPORT_DIR).exists()
+
+
+@pytest.mark.parametrize(("where", "text", "message"), [
+    ("latent-sigma0.1/summary.json", "[]", "expected a JSON object, found a list"),
+    ("latent-sigma0.1/summary.json", '{"mode": "certify"}', "unexpected content (KeyError"),
+    ("latent-sigma0.1/summary.json", "[" * 100_000, "nested too deeply"),
+    ("latent-sigma0.1/run.json", "{", "damaged, not valid JSON"),
+    ("latent-sigma0.1/run.json", '{"job": [1]}', "unknown layout"),
+    ("manifest.json", "[]", "expected a JSON object, found a list"),
+    ("manifest.json", '{"cells": [{"kind": "certify"}]}', "'cells' must be a list of objects"),
+    ("manifest.json", '{"cells": [], "worlds": [{"name": "../elsewhere"}]}',
+     "'worlds' must be a list of objects"),
+])
+def test_report_on_damaged_files_exits_2_naming_the_file(tmp_path, where, text, message):
+    run = _reference_sweep(tmp_path / "run")
+    (run / where).write_text(text)
+    result = CliRunner().invoke(main, ["report", str(run)])
+    assert result.exit_code == 2, result.output
+    output = " ".join(result.output.split())
+    assert f"{run / where}:" in output and message in output, output
+    assert not list((run / report.REPORT_DIR).glob("*"))

@@ -99,3 +99,10 @@ def test_value_names_are_exact():
     assert [value_name(v) for v in (0.1, 0.05, 2.0, 5, 1e-05)] == ["0.1", "0.05", "2", "5",
                                                                    "1e-05"]
     assert value_name(0.1000001) == "0.1000001" and value_name(0.30000000000000004) != "0.3"
+
+
+def test_read_json_names_a_file_nested_too_deeply(tmp_path):
+    (tmp_path / "run.json").write_text("[" * 100_000)
+    with pytest.raises(RecordsError, match="run.json: damaged, arrays or objects nested too "
+                                           "deeply to read; delete the directory"):
+        directory.read_json(tmp_path / "run.json")

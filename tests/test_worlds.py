@@ -402,6 +402,26 @@ def test_manifest_errors_exit_2_naming_the_key(world_dir, tmp_path, edit, messag
     assert "--world" in result.output and message in " ".join(result.output.split())
 
 
+def test_a_manifest_too_deep_or_too_large_is_refused_naming_it(world_dir, tmp_path):
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "world.json").write_text("[" * 100_000)
+    result = CliRunner().invoke(cli.main, ["latent", "--sigma", "0.1", "--world", str(deep),
+                                           "--out", str(tmp_path / "x"), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert f"{deep / 'world.json'}: not valid JSON (nested too deeply)" in " ".join(
+        result.output.split())
+    (deep / "world.json").write_bytes(b'{"name": "\xff"}')
+    with pytest.raises(ValueError, match="world.json: not valid JSON .*utf-8"):
+        read_manifest(deep)
+    # Checked as it is read: loading would resize every image to 100000 × 224.
+    huge = with_manifest(tmp_path / "huge", world_dir,
+                         lambda m: m["preprocess"].update(size=[100000, 224]))
+    with pytest.raises(ValueError, match=r"world.json: preprocess.size=\[100000, 224\]; expected "
+                                         r"null or \[height, width\], integers in \[1, 4096\]"):
+        read_manifest(huge)
+
+
 def test_a_directory_without_manifest_is_refused(tmp_path):
     with pytest.raises(ValueError, match="has no world.json"):
         read_manifest(tmp_path)

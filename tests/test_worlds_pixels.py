@@ -9,7 +9,12 @@ formula ``σ Φ⁻¹(proportion_confint(nA, n, alpha=2α, method="beta")[0])``.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import os
+import struct
+import zipfile
+import zlib
 
 import jax
 import numpy as np
@@ -175,6 +180,30 @@ def _bad_npz(path, **arrays):
     return path
 
 
+def _truncated_npz(path, x, y):
+    np.savez(path, x=x, y=y)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path
+
+
+def _npz_declaring(path, shape, y):
+    """An .npz whose x header declares ``shape`` (uint8) but holds no pixel data."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False,
+                                                  "shape": shape})
+    labels = io.BytesIO()
+    np.save(labels, y)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x.npy", header.getvalue())
+        archive.writestr("y.npy", labels.getvalue())
+    return path
+
+
+def _fifo(path, *_):
+    os.mkfifo(path)
+    return path
+
+
 @pytest.mark.parametrize(("name", "make", "message"), [
     ("shape", lambda p, x, y: _bad_npz(p, x=x[..., 0], y=y), r"x has shape \(4, 32, 32\)"),
     ("range", lambda p, x, y: _bad_npz(p, x=x * 2, y=y), r"values outside \[0, 1\]"),
@@ -184,6 +213,12 @@ def _bad_npz(path, **arrays):
     ("keys", lambda p, x, y: _bad_npz(p, images=x, y=y), r"missing array\(s\) \['x'\]"),
     ("missing", lambda p, x, y: p, "no such file or directory"),
     ("garbage", lambda p, x, y: (p.write_bytes(b"not a zip"), p)[1], "not a readable .npz"),
+    ("uint64", lambda p, x, y: _bad_npz(p, x=x, y=np.array([3, 1, 2**63, 1], np.uint64)),
+     r"label 9223372036854775808 of image 2 is out of range"),
+    ("truncated", _truncated_npz, "not a readable .npz"),
+    ("huge", lambda p, x, y: _npz_declaring(p, (1, 8192, 8192, 3), y[:1]),
+     r"x holds images of 8192 × 8192 pixels; at most 16777216 \(4096 × 4096\)"),
+    ("fifo", _fifo, r"not a regular file \(a FIFO\)"),
 ])
 def test_bad_images_exit_2_naming_file_and_problem(parts, tmp_path, name, make, message):
     path = make(tmp_path / f"{name}.npz", parts["x"], parts["y"])
@@ -212,3 +247,46 @@ def test_pixels_worlds_are_refused_where_they_do_not_apply(parts, tmp_path):
     assert stray.exit_code == 2 and "--classifier applies to --world pixels" in stray.output
     with pytest.raises(ImagesError, match="no such file"):
         read_images(tmp_path / "absent.npz")
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that declares ``width × height`` RGB pixels and holds none (decoding fails)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(
+            ">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2,
+                                                                  0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+def _fifo_in_place(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize(("name", "spoil", "message"), [
+    ("label overflow", lambda d: (d / "labels.txt").write_text("img0.png 3\nimg1.png "
+                                                               "99999999999999999999\n"),
+     r"labels.txt: line 2: label 99999999999999999999 is out of range"),
+    ("bomb", lambda d: (d / "img1.png").write_bytes(_png_header(20000, 20000)),
+     r"img1.png: Image size \(400000000 pixels\) exceeds limit .*; at most 16777216 "
+     r"\(4096 × 4096\)"),
+    ("huge", lambda d: (d / "img1.png").write_bytes(_png_header(5000, 4000)),
+     r"img1.png: 5000 × 4000 pixels; at most 16777216"),
+    ("fifo png", lambda d: _fifo_in_place(d / "img1.png"),
+     r"img1.png: not a regular file \(a FIFO\)"),
+    ("fifo labels", lambda d: _fifo_in_place(d / "labels.txt"),
+     r"labels.txt: not a regular file \(a FIFO\)"),
+])
+def test_bad_png_folder_is_refused_naming_file_and_problem(tmp_path, name, spoil, message):
+    """Checked from the file's type and the PNG header: a FIFO is never opened for reading
+    (it would wait for a writer) and a huge image is never decoded."""
+    from PIL import Image
+
+    for i in range(2):
+        Image.fromarray(np.full((4, 4, 3), 40 * i, np.uint8)).save(tmp_path / f"img{i}.png")
+    (tmp_path / "labels.txt").write_text("img0.png 3\nimg1.png 1\n")
+    spoil(tmp_path)
+    with pytest.raises(ImagesError, match=message):
+        read_images(tmp_path)

@@ -17,6 +17,10 @@ In a zip archive a storage member is read only up to the byte size its storage d
 (elements × item size, which the member's header must repeat), ``data.pkl`` only up to
 ``MAX_PICKLE_BYTES``, and unreferenced members are never inflated, so a zip bomb cannot grow
 past what the pickle declares; each storage and each tensor holds at most ``MAX_TENSOR_BYTES``.
+Nor can many of them add up: a `ByteBudget` caps what one file makes the loader hold in all
+(inflated ``data.pkl``, storages, tensor copies) at ``BYTES_PER_FILE_BYTE`` times the file's size
+plus ``BUDGET_SLACK_BYTES``, and never more than ``MAX_TOTAL_BYTES``; it is charged before each
+allocation.
 A file breaking any rule, or any malformed pickle, raises ``ValueError`` naming the file and
 the problem.
 """
@@ -44,6 +48,12 @@ except ImportError:  # numpy < 2
 
 MAX_PICKLE_BYTES = 1 << 30  # a torch.save data.pkl: tensors live in data/, the pickle is KBs
 MAX_TENSOR_BYTES = 1 << 30  # one storage or tensor; the supported checkpoints' largest is ~10 MB
+# What one file may make the loader hold in all. torch.save stores its storages uncompressed, so
+# a genuine file holds about its own size twice (storages, then the tensors copied out of them);
+# a deflated member can claim ~1000 times its size, a stride-0 view any size.
+MAX_TOTAL_BYTES = 1 << 31
+BYTES_PER_FILE_BYTE = 16
+BUDGET_SLACK_BYTES = 64 << 20
 _MAX_DIMS = 64  # numpy's limit on array dimensions
 
 # Malformed pickles surface as any of these from inside ``pickle.Unpickler.load``.
@@ -101,6 +111,32 @@ def _storage_types() -> dict[str, StorageType]:
     return {f"{name}Storage": StorageType(dtype) for name, dtype in dtypes.items()}
 
 
+class ByteBudget:
+    """Bytes one file may make the loader hold in all, charged before each allocation.
+
+    ``limit = min(MAX_TOTAL_BYTES, BYTES_PER_FILE_BYTE · file_size + BUDGET_SLACK_BYTES)``.
+
+    Args:
+      source: file name used in error messages.
+      file_size: the file's size in bytes.
+    """
+
+    def __init__(self, source: str, file_size: int):
+        self.source, self.file_size = source, file_size
+        self.limit = min(MAX_TOTAL_BYTES, BYTES_PER_FILE_BYTE * file_size + BUDGET_SLACK_BYTES)
+        self.held = 0
+
+    def take(self, nbytes: int, what: str) -> None:
+        """Charge ``nbytes`` for ``what``; `ValueError` naming the totals if over the limit."""
+        if self.held + nbytes > self.limit:
+            raise ValueError(
+                f"{self.source}: {what} would bring what the file holds to {self.held + nbytes} "
+                f"bytes in all; at most {self.limit} for a file of {self.file_size} bytes "
+                f"({BYTES_PER_FILE_BYTE} × its size + {BUDGET_SLACK_BYTES} bytes, never more "
+                f"than MAX_TOTAL_BYTES = {MAX_TOTAL_BYTES})")
+        self.held += nbytes
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -113,14 +149,15 @@ def _int_tuple(name: str, value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
-def checked_view(storage: Any, offset: Any, size: Any, stride: Any) -> np.ndarray:
+def checked_view(storage: Any, offset: Any, size: Any, stride: Any,
+                 budget: ByteBudget | None = None) -> np.ndarray:
     """Copy of the view ``(offset, size, stride)`` of a storage, after checking it lies inside.
 
     The rules are torch's (``as_strided`` / ``checkInBoundsForStorage``), in Python integers so
     nothing overflows: ``storage`` a 1-D C-contiguous array of a torch storage dtype, ``offset``
     an integer >= 0, ``size`` and ``stride`` equally long tuples of integers >= 0 and, unless the
     view is empty, ``offset + Σ (size_i − 1)·stride_i < len(storage)``; the copy holds at most
-    ``MAX_TENSOR_BYTES``.
+    ``MAX_TENSOR_BYTES``, charged to ``budget`` (if given) before it is made.
 
     Raises:
       ValueError: the rule broken, with the offending numbers.
@@ -149,15 +186,17 @@ def checked_view(storage: Any, offset: Any, size: Any, stride: Any) -> np.ndarra
     if numel * storage.itemsize > MAX_TENSOR_BYTES:
         raise ValueError(f"tensor of size {size} would hold {numel * storage.itemsize} bytes; "
                          f"at most {MAX_TENSOR_BYTES}")
+    if budget is not None:
+        budget.take(numel * storage.itemsize, f"tensor of size {size}")
     # A dimension of size 1 never steps, so its stride (any value, in torch) is not used.
     strides = tuple(s * storage.itemsize if n > 1 else 0 for n, s in zip(size, stride, strict=True))
     return np.lib.stride_tricks.as_strided(storage[offset:], shape=size, strides=strides).copy()
 
 
-def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any,
-                    *_ignored: Any) -> np.ndarray:
+def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_ignored: Any,
+                    budget: ByteBudget | None = None) -> np.ndarray:
     """numpy version of ``torch._utils._rebuild_tensor_v2`` (see ``checked_view``)."""
-    return checked_view(storage, offset, size, stride)
+    return checked_view(storage, offset, size, stride, budget)
 
 
 def _rebuild_parameter(data: np.ndarray, *_ignored: Any) -> np.ndarray:
@@ -231,13 +270,19 @@ class RestrictedUnpickler(pickle.Unpickler):
         returning exactly the ``nbytes`` bytes of storage ``key`` or raising ``ValueError``;
         None for plain pickles.
       byteorder: ``"little"`` or ``"big"``, byte order of the storages.
+      budget: charged with every storage read and every tensor copied (`ByteBudget`); None
+        caps only each one (``MAX_TENSOR_BYTES``).
     """
 
     def __init__(self, file, stand_ins: Iterable[str], source: str,
                  read_storage: Callable[[str, int], bytes] | None = None,
-                 byteorder: str = "little"):
+                 byteorder: str = "little", budget: ByteBudget | None = None):
         super().__init__(file)
         self._allowed = _base_globals()
+        if budget is not None:
+            self._allowed[("torch._utils", "_rebuild_tensor_v2")] = functools.partial(
+                _rebuild_tensor, budget=budget)
+        self._budget = budget
         for qualified in stand_ins:
             module, _, name = qualified.rpartition(".")
             self._allowed[(module, name)] = _stand_in(qualified)
@@ -286,6 +331,8 @@ class RestrictedUnpickler(pickle.Unpickler):
                 raise ValueError(f"{self._source}: storage {key!r} is referenced as {numel} "
                                  f"{dtype} and as {len(array)} {array.dtype} elements")
             return array
+        if self._budget is not None:
+            self._budget.take(numel * dtype.itemsize, f"storage {key!r}")
         data = self._read_storage(key, numel * dtype.itemsize)
         order = "<" if self._byteorder == "little" else ">"
         array = np.frombuffer(data, dtype=dtype.newbyteorder(order), count=numel)
@@ -326,12 +373,14 @@ def load_torch_zip(path: str | pathlib.Path, stand_ins: Iterable[str] = ()) -> A
     """Object saved by ``torch.save`` (zip format), with tensors as numpy arrays.
 
     Reads at most ``MAX_PICKLE_BYTES`` of ``data.pkl`` and, of each ``data/<key>`` member, the
-    bytes its storage declares (module docstring).
+    bytes its storage declares; all of it together with the tensors copied out of the storages
+    within one `ByteBudget` of the file (module docstring).
 
     Raises:
       ValueError: not a zip-format torch file (e.g. saved with
         ``_use_new_zipfile_serialization=False``), a refused global, a storage whose member is
-        missing or of another size, or an invalid tensor view.
+        missing or of another size, an invalid tensor view, or more bytes in all than the
+        file's `ByteBudget`.
     """
     path = pathlib.Path(path)
     if not path.is_file():
@@ -353,6 +402,8 @@ def load_torch_zip(path: str | pathlib.Path, stand_ins: Iterable[str] = ()) -> A
         if info.file_size > MAX_PICKLE_BYTES:
             raise ValueError(f"{path}: {info.filename} declares {info.file_size} bytes; at most "
                              f"{MAX_PICKLE_BYTES} (cbcert.convert.pickles.MAX_PICKLE_BYTES)")
+        budget = ByteBudget(str(path), path.stat().st_size)
+        budget.take(info.file_size, info.filename)
         data_pkl = _read_member(archive, info, info.file_size, str(path))
         byteorder = "little"
         if root + "byteorder" in names:
@@ -373,4 +424,4 @@ def load_torch_zip(path: str | pathlib.Path, stand_ins: Iterable[str] = ()) -> A
             return _read_member(archive, member, nbytes, str(path))
 
         return RestrictedUnpickler(io.BytesIO(data_pkl), stand_ins, str(path), read_storage,
-                                   byteorder).load()
+                                   byteorder, budget).load()

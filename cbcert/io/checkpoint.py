@@ -192,6 +192,9 @@ def _parse(directory: Path) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{where}: {MANIFEST} is not valid JSON "
                               f"({shorten(str(err))})") from None
+    except RecursionError:
+        raise CheckpointError(f"{where}: {MANIFEST} is not valid JSON (nested too deeply)"
+                              ) from None
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{where}: damaged {MANIFEST}, expected a JSON object")
     if manifest.get("format_version") == FORMAT_VERSION:

@@ -2,6 +2,9 @@
 
 A sweep directory holds one cell per runner invocation (its manifest gives their order); a
 runner's own output directory is a single cell.
+
+Every file read is checked for its outer layout (a JSON object; the manifest's ``cells`` and
+``worlds`` lists of named entries), and a damaged one raises `DamagedFileError` naming it.
 """
 
 from __future__ import annotations
@@ -11,13 +14,54 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cbcert.runs.directory import RUN, SUMMARY, read_json
+from cbcert.runs.directory import RUN, SUMMARY, RecordsError, read_json
+from cbcert.schema import short_repr
 
 MANIFEST = "manifest.json"
 
 
 class ReportError(ValueError):
-    """The directory holds no finished runner cell."""
+    """No report can be written: no finished runner cell, a damaged file, an unwritable place."""
+
+
+class DamagedFileError(ReportError):
+    """A file of the run (``run.json``, ``summary.json``, the manifest) that cannot be read."""
+
+
+def read_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; `DamagedFileError` naming it if unreadable or not an object."""
+    try:
+        data = read_json(path, advice="rerun what wrote it")
+    except RecordsError as err:
+        raise DamagedFileError(str(err)) from None
+    if not isinstance(data, dict):
+        raise DamagedFileError(f"{path}: expected a JSON object, found a "
+                               f"{type(data).__name__}; rerun what wrote it")
+    return data
+
+
+def _is_entry(entry: Any, directory: bool) -> bool:
+    """A manifest entry: an object with a string ``name``; ``directory``: one plain directory
+    name (the report reads and writes under it)."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry["name"]):
+        return False
+    return not directory or (entry["name"] not in (".", "..") and "/" not in entry["name"])
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any] | None:
+    """A sweep directory's manifest (``cells``: a list of ``{"name": …}``; ``worlds``: the same
+    with directory names), or None if there is none; `DamagedFileError` naming it if damaged."""
+    path = Path(run_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    manifest = read_object(path)
+    for key, rule in (("cells", "a 'name'"), ("worlds", "a 'name' (a directory name)")):
+        entries = manifest.get(key, [])
+        if not (isinstance(entries, list)
+                and all(_is_entry(e, directory=key == "worlds") for e in entries)):
+            raise DamagedFileError(f"{path}: {key!r} must be a list of objects with {rule}; "
+                                   f"found {short_repr(entries)}")
+    return manifest
 
 
 @dataclass(frozen=True)
@@ -47,11 +91,11 @@ def cell_kind(run: dict[str, Any]) -> str:
     if "classes" in run:
         return "classes"
     job = run.get("job", {})
-    if "noise" in job:
+    if isinstance(job, dict) and "noise" in job:
         return "certify"
-    if "eps" in job and "space" in job:
+    if isinstance(job, dict) and "eps" in job and "space" in job:
         return "attack"
-    raise ReportError(f"run.json with unknown layout (keys {sorted(run)})")
+    raise ReportError(f"run.json with unknown layout (keys {short_repr(sorted(run))})")
 
 
 def find_cells(run_dir: str | Path, log: Callable[[str], None] = print) -> tuple[CellResult, ...]:
@@ -59,31 +103,33 @@ def find_cells(run_dir: str | Path, log: Callable[[str], None] = print) -> tuple
 
     Cells without ``summary.json`` (still running or interrupted) are skipped with a note, and
     so are cells the manifest lists that have no directory yet (a sweep split into shards
-    reports on whatever the shards have finished). Raises ReportError if none is found.
+    reports on whatever the shards have finished). Raises ReportError if none is found,
+    `DamagedFileError` naming a damaged ``run.json``, ``summary.json`` or manifest.
     """
     run_dir = Path(run_dir)
-    dirs = [run_dir] if (run_dir / RUN).is_file() else sorted(
-        (d for d in run_dir.iterdir() if (d / RUN).is_file()), key=_cell_order(run_dir))
-    if dirs != [run_dir] and (run_dir / MANIFEST).is_file():
-        present = {d.name for d in dirs}
-        for cell in read_json(run_dir / MANIFEST).get("cells", []):
-            if cell["name"] not in present:
-                log(f"note: cell {cell['name']} of the manifest has not run yet (missing); "
-                    "certify sweep CONFIG --status lists where each cell stands")
+    single = (run_dir / RUN).is_file()
+    manifest = None if single else read_manifest(run_dir)
+    names = [c["name"] for c in manifest.get("cells", [])] if manifest else []
+    dirs = [run_dir] if single else sorted(
+        (d for d in run_dir.iterdir() if (d / RUN).is_file()),
+        key=lambda d: (names.index(d.name) if d.name in names else len(names), d.name))
+    present = {d.name for d in dirs}
+    for name in names:
+        if name not in present:
+            log(f"note: cell {name} of the manifest has not run yet (missing); "
+                "certify sweep CONFIG --status lists where each cell stands")
     cells = []
     for d in dirs:
         if not (d / SUMMARY).is_file():
             log(f"note: {d} has no {SUMMARY} (unfinished); rerun it to include it")
             continue
-        run = read_json(d / RUN)
-        cells.append(CellResult(d.name, cell_kind(run), run, read_json(d / SUMMARY)))
+        run = read_object(d / RUN)
+        try:
+            kind = cell_kind(run)
+        except ReportError as err:
+            raise DamagedFileError(f"{d / RUN}: {err}") from None
+        cells.append(CellResult(d.name, kind, run, read_object(d / SUMMARY)))
     if not cells:
         raise ReportError(f"{run_dir}: no finished runner directory (run.json + summary.json)")
     return tuple(cells)
 
-
-def _cell_order(run_dir: Path) -> Callable[[Path], tuple[int, str]]:
-    """Sort key: a sweep's manifest order (latent, concept, perturb, attack), then by name."""
-    path = run_dir / MANIFEST
-    names = [c["name"] for c in read_json(path)["cells"]] if path.is_file() else []
-    return lambda d: (names.index(d.name) if d.name in names else len(names), d.name)

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from cbcert.report.cells import CellResult, ReportError, find_cells
+from cbcert.report.cells import CellResult, DamagedFileError, ReportError, find_cells
 from cbcert.report.figures import _pyplot, _save, draw_plans, robustness_gaps
 from cbcert.report.tables import Table, _num, tables
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
@@ -48,6 +48,8 @@ def world_cells(run_dir: Path, entries: Sequence[dict[str, Any]],
     for entry in entries:
         try:
             cells = find_cells(run_dir / entry["name"], log)
+        except DamagedFileError:
+            raise
         except (ReportError, FileNotFoundError):
             log(f"note: world {entry['name']} has no finished cell yet; left out")
             continue

@@ -20,61 +20,90 @@ separate from sampling) and writes into ``<run>/report/``:
 A multi-world sweep (its manifest lists ``worlds``) gets every world's own report in
 ``<run>/<world>/report/`` and the cross-world tables and figures (`cbcert.report.worlds`) in
 ``<run>/report/``, whose ``report.md`` links the per-world ones.
+
+Nothing is read before the report directory is known to be writable (not a file, not in a
+read-only run); a damaged ``run.json``, ``summary.json`` or manifest raises `ReportError` naming
+the file (`cbcert.report.cells`), and so does a summary whose content the tables cannot use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from cbcert.report.cells import MANIFEST, ReportError, find_cells
+from cbcert.report.cells import (
+    RUN,
+    SUMMARY,
+    CellResult,
+    DamagedFileError,
+    ReportError,
+    find_cells,
+    read_manifest,
+)
 from cbcert.report.figures import write_figures
 from cbcert.report.tables import tables
 from cbcert.report.worlds import cross_world_figures, cross_world_tables, world_cells
-from cbcert.runs.directory import RunDirError, check_writable, read_json
+from cbcert.runs.directory import RunDirError, check_writable
+from cbcert.schema import shorten
 
 REPORT_DIR = "report"
 
 
 def _header(run_dir: Path) -> str:
     lines = [f"# Report: {run_dir.resolve().name}", ""]
-    path = run_dir / MANIFEST
-    if path.is_file():
-        m = read_json(path)
-        versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+    m = read_manifest(run_dir)
+    if m is not None:
+        versions = m.get("versions")
+        versions = ", ".join(f"{k} {v}" for k, v in versions.items()) if isinstance(
+            versions, dict) else versions
         world = m.get("world")
         if isinstance(world, dict):
             world = ", ".join(f"{k} = {v}" for k, v in world.items())
-        lines += [f"Config `{m['config']['name']}`, world `{world}`, "
-                  f"seed {m.get('seed')}, git `{m.get('git_revision')}`; {versions}; "
-                  f"devices {m.get('devices')}.", ""]
+        config = m.get("config")
+        name = config.get("name") if isinstance(config, dict) else None
+        lines += [shorten(f"Config `{name}`, world `{world}`, seed {m.get('seed')}, git "
+                          f"`{m.get('git_revision')}`; {versions}; devices {m.get('devices')}.",
+                          1000), ""]
     return "\n".join(lines)
 
 
-def _world_entries(run_dir: Path) -> list[dict] | None:
-    """The ``worlds`` of a multi-world sweep's manifest, else None."""
-    path = run_dir / MANIFEST
-    if not path.is_file():
-        return None
-    manifest = read_json(path)
-    return manifest.get("worlds") if isinstance(manifest, dict) else None
+def _check_content(run_dir: Path, cells: Sequence[CellResult]) -> None:
+    """Each cell's files hold what the tables read: `DamagedFileError` naming them if not."""
+    for cell in cells:
+        try:
+            tables((cell,))
+        except ReportError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+            where = run_dir if (run_dir / RUN).is_file() else run_dir / cell.name
+            raise DamagedFileError(
+                f"{where / SUMMARY}: unexpected content ({type(err).__name__}: "
+                f"{shorten(str(err), 200)}) for a {cell.kind} cell (with {where / RUN}); rerun "
+                "the cell") from None
 
 
 def write_report(run_dir: str | Path, log: Callable[[str], None] = print) -> list[Path]:
     """Write the tables (CSV + ``report.md``) and figures of a run into ``<run_dir>/report/``.
 
-    Returns the written paths. Raises ReportError if ``run_dir`` holds no finished cell, or,
-    before any cell is read, if a report folder it would write cannot be written (``report``
-    is a file, the run directory is read-only), naming that folder.
+    Returns the written paths. Raises ReportError if ``run_dir`` holds no finished cell,
+    naming a damaged file, or, before any cell is read, if a report folder it would write
+    cannot be written (``report`` is a file, the run directory is read-only), naming it.
     """
     run_dir = Path(run_dir)
-    entries = _world_entries(run_dir)
-    _check_writable(run_dir, entries)
-    if entries:
-        return _write_worlds_report(run_dir, entries, log)
-    cells = find_cells(run_dir, log)
-    all_tables = tables(cells)
-    return _write(run_dir, all_tables, write_figures(cells, _out(run_dir), log), [])
+    _check_writable(run_dir, None)
+    try:
+        manifest = read_manifest(run_dir)
+        entries = manifest.get("worlds") if manifest else None
+        _check_writable(run_dir, entries)
+        if entries:
+            return _write_worlds_report(run_dir, entries, log)
+        cells = find_cells(run_dir, log)
+        _check_content(run_dir, cells)
+        all_tables = tables(cells)
+        return _write(run_dir, all_tables, write_figures(cells, _out(run_dir), log), [])
+    except OSError as err:
+        raise ReportError(f"{err.filename or run_dir}: cannot write the report "
+                          f"({err.strerror or err})") from None
 
 
 def _check_writable(run_dir: Path, entries: list[dict] | None) -> None:

@@ -136,15 +136,19 @@ def _check_writable(out: Path) -> None:
         raise RunDirError(f"{out}: the {what} is not writable")
 
 
-def read_json(path: Path) -> Any:
-    """A JSON file; `RecordsError` naming the file if it cannot be read or parsed."""
+def read_json(path: Path, advice: str = "delete the directory or use another --out") -> Any:
+    """A JSON file; `RecordsError` naming the file if it cannot be read or parsed (nesting
+    deeper than Python's recursion limit included), ending with ``advice`` if damaged."""
     try:
         return json.loads(Path(path).read_bytes().decode("utf-8"))
     except OSError as err:
         raise RecordsError(f"{path}: cannot read it ({err.strerror})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RecordsError(f"{path}: damaged, not valid JSON ({shorten(str(err))}); delete the "
-                           "directory or use another --out") from None
+        raise RecordsError(f"{path}: damaged, not valid JSON ({shorten(str(err))}); "
+                           f"{advice}") from None
+    except RecursionError:
+        raise RecordsError(f"{path}: damaged, arrays or objects nested too deeply to read; "
+                           f"{advice}") from None
 
 
 def write_json(path: Path, data: Any) -> None:

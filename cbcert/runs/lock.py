@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cbcert.runs.directory import LOCK, RunDirError, RunLockedError, _check_writable, on_coordinator
-from cbcert.schema import shorten
+from cbcert.schema import file_kind, shorten
 
 # A lock probe (`lock_holder`) holds a directory's lock for microseconds; `hold` retries this
 # often, 20 ms apart, before it calls the directory busy.
@@ -63,12 +64,46 @@ def _flock(handle) -> OSError | None:
     return None
 
 
+def _open_lock_file(path: Path):
+    """``path`` opened read-write (created if absent), refused unless it is our own file.
+
+    The holder truncates and rewrites the lock file, so whatever ``.lock`` names gets
+    overwritten: a symbolic link is never followed (``O_NOFOLLOW``), and a directory, FIFO,
+    device or a hard link to another file is refused (``O_NONBLOCK``: opening a FIFO does not
+    wait for a writer) before anything is written.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = stat.S_IFREG
+        if stat.S_ISREG(mode):
+            raise RunDirError(f"{path}: cannot open the lock file ({err.strerror})") from None
+        raise _not_regular(path, mode) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        if stat.S_ISREG(info.st_mode):
+            raise RunDirError(f"{path}: the lock file has {info.st_nlink} links (a hard link to "
+                              "another file would be overwritten); remove it") from None
+        raise _not_regular(path, info.st_mode)
+    return os.fdopen(fd, "r+")
+
+
+def _not_regular(path: Path, mode: int) -> RunDirError:
+    return RunDirError(f"{path}: not a regular file ({file_kind(mode)}); remove it or use "
+                       "another --out")
+
+
 @contextlib.contextmanager
 def _locked(out: Path, name: str) -> Iterator[Path]:
     _check_writable(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / name
-    handle = open(path, "a+")  # noqa: SIM115 - held open for the whole block
+    handle = _open_lock_file(path)
     locked = False
     try:
         err = _flock(handle)
@@ -103,10 +138,12 @@ def lock_holder(out: Path, name: str = LOCK) -> dict[str, Any] | None:
     """
     path = Path(out) / name
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # `hold` refuses such a lock file: nobody can hold it
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as err:

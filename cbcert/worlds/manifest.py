@@ -57,7 +57,8 @@ Classifier roles: ``std`` (a torchvision ResNet/DenseNet) and ``cbm`` (a PCBM) a
 ``cbmh`` (a PCBM-h) and ``proto`` (a PixPNet) optional. Every classifier must output
 ``len(class_names)`` logits. ``preprocess`` maps the generated image ``g(z)`` in [0, 1] to the
 classifiers' input: bilinear resize to ``size`` (``null``: keep the generator's resolution,
-``jax.image.resize`` with antialiasing) then ``(x − mean) / std`` per channel.
+``jax.image.resize`` with antialiasing; each side at most ``MAX_PREPROCESS_SIDE``) then
+``(x − mean) / std`` per channel.
 """
 
 from __future__ import annotations
@@ -73,13 +74,16 @@ import jax
 import jax.numpy as jnp
 
 from cbcert.generators.base import MAX_CLASSES
-from cbcert.schema import shorten
+from cbcert.schema import short_repr, shorten
 
 MANIFEST = "world.json"
 FORMAT_VERSION = 1
 ROLES = ("std", "cbm", "cbmh", "proto")
 REQUIRED_ROLES = ("std", "cbm")
 CONVERTED = "converted"
+# Largest classifier input side: the supported classifiers take 32 to 299 pixels, and a resize
+# to [100000, 100000] would allocate 120 GB per image.
+MAX_PREPROCESS_SIDE = 4096
 
 _TOP_KEYS = {"format_version", "name", "generator", "cbae", "classifiers", "class_names",
              "preprocess"}
@@ -294,7 +298,8 @@ def _triple(key: str, value: Any, positive: bool) -> tuple[float, float, float]:
                   and (v > 0 or not positive) for v in value))
     if not ok:
         rule = "three numbers > 0" if positive else "three finite numbers"
-        raise ValueError(f"{where('preprocess', key)}={value!r}; expected {rule} (R, G, B)")
+        raise ValueError(f"{where('preprocess', key)}={short_repr(value)}; expected {rule} "
+                         "(R, G, B)")
     return tuple(float(v) for v in value)
 
 
@@ -303,10 +308,10 @@ def _parse_preprocess(raw: Any) -> Preprocess:
     size = section["size"]
     if size is not None:
         if not (isinstance(size, list) and len(size) == 2
-                and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
-                        for s in size)):
-            raise ValueError(f"{where('preprocess', 'size')}={size!r}; expected null or "
-                             "[height, width], integers >= 1")
+                and all(isinstance(s, int) and not isinstance(s, bool)
+                        and 1 <= s <= MAX_PREPROCESS_SIDE for s in size)):
+            raise ValueError(f"{where('preprocess', 'size')}={short_repr(size)}; expected null "
+                             f"or [height, width], integers in [1, {MAX_PREPROCESS_SIDE}]")
         size = (size[0], size[1])
     return Preprocess(size=size, mean=_triple("mean", section["mean"], False),
                       std=_triple("std", section["std"], True))
@@ -316,7 +321,8 @@ def read_manifest(path: str | Path) -> WorldSpec:
     """Parse and validate ``<path>/world.json`` (see the module docstring for the format).
 
     Raises:
-      ValueError: no manifest, invalid JSON, an unknown or missing key (named), a section
+      ValueError: no manifest, invalid JSON (not UTF-8, or nested deeper than Python's
+        recursion limit), an unknown or missing key (named), a section
         naming both a converted directory and upstream files, a value out of range, or a file
         or directory it names that does not exist.
     """
@@ -325,9 +331,11 @@ def read_manifest(path: str | Path) -> WorldSpec:
     if not manifest_path.is_file():
         raise ValueError(f"{root} has no {MANIFEST}; not a world directory")
     try:
-        raw = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{manifest_path}: not valid JSON ({err})") from None
+        raw = json.loads(manifest_path.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{manifest_path}: not valid JSON ({shorten(str(err))})") from None
+    except RecursionError:
+        raise ValueError(f"{manifest_path}: not valid JSON (nested too deeply)") from None
     top = _check_keys("", raw, _TOP_KEYS - {"name", "cbae"}, {"name", "cbae"})
     if top["format_version"] != FORMAT_VERSION:
         raise ValueError(f"{MANIFEST}: format_version={top['format_version']!r}; this cbcert "
@@ -341,10 +349,11 @@ def read_manifest(path: str | Path) -> WorldSpec:
     names = top["class_names"]
     if not (isinstance(names, list) and len(names) >= 2
             and all(isinstance(n, str) and n for n in names)):
-        raise ValueError(f"{MANIFEST}: class_names={names!r}; expected a list of >= 2 names")
+        raise ValueError(f"{MANIFEST}: class_names={short_repr(names)}; expected a list of >= 2 "
+                         "names")
     name = top.get("name", root.name)
     if not isinstance(name, str) or not name:
-        raise ValueError(f"{MANIFEST}: name={name!r}; expected a non-empty string")
+        raise ValueError(f"{MANIFEST}: name={short_repr(name)}; expected a non-empty string")
     return WorldSpec(root=root, name=name, generator=generator, cbae=cbae,
                      classifiers=classifiers, class_names=tuple(names),
                      preprocess=_parse_preprocess(top["preprocess"]))

@@ -15,11 +15,21 @@ Image files:
   integer labels; read with ``allow_pickle=False``.
 * a folder of ``.png`` files plus ``labels.txt``: one ``<file name> <label>`` per line (``#``
   starts a comment); every PNG needs a line and every line a PNG, all of one size.
+
+Untrusted input: every file must be a regular file (a FIFO is refused, never waited on); an
+image may hold at most ``MAX_IMAGE_PIXELS`` pixels, checked from the ``.npz`` array header or
+the PNG header before any pixel is read or allocated; labels are class indices that fit int64.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+import stat
+import warnings
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +39,17 @@ import numpy as np
 from cbcert.generators.base import Generator
 from cbcert.io import checkpoint
 from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, load_module, pure_apply
-from cbcert.schema import shorten
+from cbcert.schema import file_kind, shorten
 from cbcert.worlds.manifest import Preprocess
 from cbcert.worlds.world import World
 
 PREFIX = "pixels:"
 LABELS = "labels.txt"
+# Largest image accepted (width × height): 4096² pixels, 200 MB as float32; the classifiers'
+# inputs are 32² to 224². Bounds the memory a file can make the reader allocate per image.
+MAX_IMAGE_SIDE = 4096
+MAX_IMAGE_PIXELS = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE
+_MAX_LABEL = int(np.iinfo(np.int64).max)
 # Per-channel normalisation of the classifier input (Cohen et al.'s NormalizeLayer).
 NORMALIZE = {
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
@@ -60,17 +75,39 @@ def _fail(path: Path, problem: str) -> ImagesError:
     return ImagesError(f"{shorten(str(path))}: {problem}")
 
 
+def _too_large(width: int, height: int) -> str:
+    return (f"{width} × {height} pixels; at most {MAX_IMAGE_PIXELS} ({MAX_IMAGE_SIDE} × "
+            f"{MAX_IMAGE_SIDE}) per image (cbcert.worlds.pixels.MAX_IMAGE_PIXELS)")
+
+
+def _open_regular(path: Path):
+    """``path`` opened for binary reading; `ImagesError` unless it is a regular file.
+
+    ``O_NONBLOCK``: opening a FIFO returns at once instead of waiting for a writer.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise _fail(path, f"cannot open it ({err.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _fail(path, f"not a regular file ({file_kind(mode)})")
+    return os.fdopen(fd, "rb")
+
+
 def read_images(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """Images ``x[N, H, W, 3]`` float32 in [0, 1] and labels ``y[N]`` int64 (module docstring).
 
     Raises:
-      ImagesError: a missing file, wrong shapes or dtypes, values outside [0, 1] or NaN,
-        negative labels, a PNG without a label or a label without a PNG.
+      ImagesError: a missing file or one that is not a regular file, an image of more than
+        ``MAX_IMAGE_PIXELS`` pixels, wrong shapes or dtypes, values outside [0, 1] or NaN,
+        negative labels or labels beyond int64, a PNG without a label or a label without a PNG.
     """
     path = Path(path)
     if path.is_dir():
         x, y = _read_folder(path)
-    elif path.is_file():
+    elif path.exists():
         x, y = _read_npz(path)
     else:
         raise _fail(path, "no such file or directory (expected an .npz with x and y, or a "
@@ -82,6 +119,10 @@ def read_images(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
                           "per image")
     if not np.issubdtype(y.dtype, np.integer):
         raise _fail(path, f"y has dtype {y.dtype}; expected integer class labels")
+    if y.dtype.kind == "u" and np.any(y > _MAX_LABEL):  # would wrap to negative as int64
+        bad = int(np.flatnonzero(y > _MAX_LABEL)[0])
+        raise _fail(path, f"label {int(y[bad])} of image {bad} is out of range; labels are "
+                          f"class indices 0..{_MAX_LABEL}")
     if np.any(y < 0):
         raise _fail(path, f"label {int(y[y < 0][0])} of image {int(np.flatnonzero(y < 0)[0])} "
                           "is negative; labels are class indices >= 0")
@@ -102,27 +143,55 @@ def read_images(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return x.astype(np.float32), y.astype(np.int64)
 
 
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _npz_shape(data, key: str) -> tuple[int, ...]:
+    """The shape array ``key`` of an open ``.npz`` declares, read from its header alone."""
+    name = f"{key}.npy" if f"{key}.npy" in data.zip.namelist() else key
+    with data.zip.open(name) as member:
+        version = np.lib.format.read_magic(member)
+        if version not in _NPY_HEADERS:
+            raise ValueError(f"{key} has .npy format version {version}; expected 1.0 or 2.0")
+        shape, _, _ = _NPY_HEADERS[version](member)
+    return shape
+
+
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            missing = [k for k in ("x", "y") if k not in data.files]
-            if missing:
-                raise _fail(path, f"missing array(s) {missing}; an .npz needs x [N, H, W, 3] "
-                                  f"and y [N] (has {sorted(data.files)[:10]})")
-            return data["x"], data["y"]
-    except ImagesError:
-        raise
-    except (OSError, ValueError, EOFError) as err:  # not a zip, damaged, object arrays
-        raise _fail(path, f"not a readable .npz ({shorten(str(err), 200)})") from None
+    with _open_regular(path) as handle:
+        try:
+            if not zipfile.is_zipfile(handle):
+                raise ValueError("not a zip archive")
+            handle.seek(0)
+            with np.load(handle, allow_pickle=False) as data:
+                missing = [k for k in ("x", "y") if k not in data.files]
+                if missing:
+                    raise _fail(path, f"missing array(s) {missing}; an .npz needs x [N, H, W, "
+                                      f"3] and y [N] (has {sorted(data.files)[:10]})")
+                shape = _npz_shape(data, "x")
+                if len(shape) != 4 or shape[-1] != 3 or 0 in shape:
+                    raise _fail(path, f"x has shape {shape}; expected [N, H, W, 3] RGB images, "
+                                      "N >= 1")
+                if shape[1] * shape[2] > MAX_IMAGE_PIXELS:
+                    raise _fail(path, f"x holds images of {_too_large(shape[2], shape[1])}")
+                return data["x"], data["y"]
+        except ImagesError:
+            raise
+        # not a zip, truncated or damaged, object arrays, more than memory holds
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error,
+                MemoryError) as err:
+            raise _fail(path, f"not a readable .npz ({shorten(str(err), 200)})") from None
 
 
 def _read_labels(folder: Path) -> dict[str, int]:
     labels_path = folder / LABELS
-    if not labels_path.is_file():
+    if not labels_path.exists():
         raise _fail(folder, f"no {LABELS} (one '<file name> <label>' line per .png)")
     labels: dict[str, int] = {}
     try:
-        lines = labels_path.read_text(encoding="utf-8").splitlines()
+        with _open_regular(labels_path) as handle:
+            lines = handle.read().decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise _fail(labels_path, f"unreadable ({shorten(str(err), 200)})") from None
     for number, line in enumerate(lines, 1):
@@ -130,11 +199,15 @@ def _read_labels(folder: Path) -> dict[str, int]:
         if not text:
             continue
         parts = text.rsplit(maxsplit=1)
-        if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
+        if len(parts) != 2 or not re.fullmatch(r"-?[0-9]+", parts[1]):
             raise _fail(labels_path, f"line {number}: {shorten(line, 80)!r}; expected "
                                      "'<file name> <integer label>'")
         if parts[0] in labels:
             raise _fail(labels_path, f"line {number}: {parts[0]!r} is labelled twice")
+        digits = parts[1].lstrip("-")
+        if len(digits) > len(str(_MAX_LABEL)) or int(digits) > _MAX_LABEL:
+            raise _fail(labels_path, f"line {number}: label {shorten(parts[1], 40)} is out of "
+                                     f"range; labels are class indices 0..{_MAX_LABEL}")
         labels[parts[0]] = int(parts[1])
     return labels
 
@@ -154,17 +227,32 @@ def _read_folder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
         raise _fail(folder / LABELS, f"labels {orphans[:5]} name no .png in {folder.name}")
     images = []
     for name in files:
-        try:
-            with Image.open(folder / name) as image:
+        path = folder / name
+        with _open_regular(path) as handle:
+            try:
+                # PIL refuses (error) or warns about images far above MAX_IMAGE_PIXELS itself.
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                    image = Image.open(handle)
+            except Image.DecompressionBombError as err:
+                raise _fail(path, f"{str(err).rstrip('.')}; at most {MAX_IMAGE_PIXELS} "
+                                  f"({MAX_IMAGE_SIDE} × {MAX_IMAGE_SIDE}) per image") from None
+            except (OSError, ValueError, UnidentifiedImageError) as err:
+                raise _fail(path, f"unreadable PNG ({shorten(str(err), 200)})") from None
+            with image:
+                width, height = image.size  # from the header: nothing decoded yet
+                if width * height > MAX_IMAGE_PIXELS:
+                    raise _fail(path, _too_large(width, height))
+                if images and (height, width) != images[0].shape[:2]:
+                    raise _fail(path, f"size {(height, width)} differs from {files[0]}'s "
+                                      f"{images[0].shape[:2]}; all images need one size")
                 if image.mode not in ("RGB", "L", "P"):
-                    raise _fail(folder / name, f"mode {image.mode}; expected an 8-bit RGB, "
-                                               "grayscale or palette PNG")
-                pixels = np.asarray(image.convert("RGB"))
-        except (OSError, UnidentifiedImageError) as err:
-            raise _fail(folder / name, f"unreadable PNG ({shorten(str(err), 200)})") from None
-        if images and pixels.shape != images[0].shape:
-            raise _fail(folder / name, f"size {pixels.shape[:2]} differs from {files[0]}'s "
-                                       f"{images[0].shape[:2]}; all images need one size")
+                    raise _fail(path, f"mode {image.mode}; expected an 8-bit RGB, grayscale or "
+                                      "palette PNG")
+                try:
+                    pixels = np.asarray(image.convert("RGB"))
+                except (OSError, ValueError) as err:
+                    raise _fail(path, f"unreadable PNG ({shorten(str(err), 200)})") from None
         images.append(pixels)
     return np.stack(images), np.array([labels[f] for f in files], np.int64)
 
