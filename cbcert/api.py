@@ -154,7 +154,7 @@ class Smoothed:
         devices).
 
     Inputs and logits must be finite: a NaN or inf input, or a NaN or inf logit of any noisy
-    sample, is refused with `cbcert.engine.sampler.NonFiniteError` (a ValueError naming the
+    sample, is refused with `cbcert.engine.validity.NonFiniteError` (a ValueError naming the
     inputs and the samples) rather than counted as a vote.
     """
 

@@ -20,7 +20,7 @@ from cbcert.certify.l2 import L2Radius
 from cbcert.certify.schedule import Schedule
 from cbcert.cli import main
 from cbcert.engine.keys import Stream
-from cbcert.engine.sampler import NonFiniteError
+from cbcert.engine.validity import NonFiniteError
 from cbcert.runs.directory import RECORDS
 from cbcert.runs.pool import agreement_pool, space_inputs
 from cbcert.schema import ConfigError

@@ -8,7 +8,7 @@ import processes
 import pytest
 import scipy.stats
 
-from cbcert.engine import continuous, keys, memory, noise, sampler
+from cbcert.engine import continuous, keys, memory, noise, sampler, validity
 
 D, H, C = 8, 2, 4
 WEIGHTS = np.asarray(jax.random.normal(jax.random.key(1), (D, H, C)))
@@ -261,7 +261,7 @@ def test_non_finite_logits_are_no_votes_and_are_refused(sequential):
     """A NaN or inf logit is no vote (argmax would count NaNs as class 0): both samplers raise
     `NonFiniteError` naming the samples, the global input indices and the heads concerned."""
     indices = np.arange(10, 15)
-    with pytest.raises(sampler.NonFiniteError) as err:
+    with pytest.raises(validity.NonFiniteError) as err:
         if sequential:
             _sequential(checkpoints=(5, 10), inputs=POISONED_INPUTS, fn=_poisoned,
                         indices=indices, chunk_size=64)
@@ -285,7 +285,7 @@ def test_non_finite_inputs_are_refused_before_sampling(sequential):
         return jnp.zeros((x.shape[0], H, C))
 
     match = r"2 inputs \(indices \[2, 4\]\) hold NaN or inf"
-    with pytest.raises(sampler.NonFiniteError, match=match) as err:
+    with pytest.raises(validity.NonFiniteError, match=match) as err:
         if sequential:
             _sequential(inputs=inputs, fn=finite, chunk_size=64)
         else:

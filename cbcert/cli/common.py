@@ -20,7 +20,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from cbcert.engine.sampler import NonFiniteError
+from cbcert.engine.validity import NonFiniteError
 from cbcert.runs.directory import check_writable
 from cbcert.schema import ConfigError, validate
 

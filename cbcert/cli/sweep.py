@@ -59,7 +59,7 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
     (add --world <dir> to run the same cells on a world from real parts; --shard I/N on each
     of N machines sharing the directory; --status to see where a sweep stands).
     """
-    from cbcert.engine.sampler import NonFiniteError
+    from cbcert.engine.validity import NonFiniteError
     from cbcert.runs import sweep
     from cbcert.runs.config import load_config
     from cbcert.runs.pool import PoolTooSmallError

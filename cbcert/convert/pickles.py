@@ -23,6 +23,9 @@ plus ``BUDGET_SLACK_BYTES``, and never more than ``MAX_TOTAL_BYTES``; it is char
 allocation.
 A file breaking any rule, or any malformed pickle, raises ``ValueError`` naming the file and
 the problem.
+
+Size: one safety boundary (the allow-list, the zip reader and its byte budget), kept in one
+module so that it is reviewed as one.
 """
 
 from __future__ import annotations

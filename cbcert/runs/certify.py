@@ -6,6 +6,8 @@ finishes (as locuslab/smoothing's ``certify.py`` writes one line per input); a r
 same output directory skips finished inputs, and because the noise of sample j of input i is a
 function of ``(seed, i, j)`` only, the resumed run's records and summary equal an uninterrupted
 run's. Analysis (``summarize_records``) is separate from sampling.
+
+Size: one runner with its job, record schema and summary (they change together).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from cbcert.certify.schedule import SEQUENTIAL_KEYS, Schedule, Stopping, check_s
 from cbcert.certify.sequential import STOP_REASONS
 from cbcert.certify.smoothing import Smoothing, smoothing
 from cbcert.engine.keys import Stream, stream_key
-from cbcert.engine.sampler import NonFiniteError, cast_floating
+from cbcert.engine.sampler import cast_floating
+from cbcert.engine.validity import NonFiniteError
 from cbcert.robustness.certification import records_subset_summary
 from cbcert.runs import sequential
 from cbcert.runs.directory import (

@@ -23,6 +23,8 @@ checks, locks, pins and reads, and every other process receives the same outcome
 bytes of a records file, the same error) through `on_coordinator` and `read_shared`, so all
 processes continue in lock step; `write_json`, `append_records` and the lock do nothing
 anywhere else. The directory therefore needs to exist only on process 0's host.
+
+Size: the whole run-directory contract in one place (every runner and the sweep follow it).
 """
 
 from __future__ import annotations
