@@ -122,14 +122,10 @@ _GROUPS = {"test_paper": "paper_run", "test_report_worlds": "paper_run"}
 _MAX_WORKERS = 4  # each worker holds GiBs of compiled programs
 
 
-def pytest_collection_modifyitems(config, items):
-    """Order the modules longest first; under xdist, one group (worker) per module."""
+def pytest_collection_modifyitems(items):
+    """Order the modules longest first (stable: the order within a module is kept)."""
     rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: order within
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(_GROUPS.get(item.path.stem,
-                                                                 item.path.stem)))
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -137,3 +133,21 @@ def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per CPU, at most `_MAX_WORKERS`."""
     del config
     return max(1, min(os.cpu_count() or 1, _MAX_WORKERS))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Hand out whole modules (``paper_run``'s two as one unit) in collection order.
+
+    xdist's own ``--dist loadgroup`` marks groups by rewriting ``item._nodeid``, which pytest 9
+    no longer reads (pytest-xdist 3.8), so the unit of work is chosen here instead.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return _GROUPS.get(Path(module).stem, module)
+
+    config.option.loadscopereorder = False  # keep the longest-first order
+    return ModuleScheduling(config, log)
