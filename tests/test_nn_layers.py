@@ -151,16 +151,19 @@ def test_cpu_conv_takes_the_native_convolution_on_large_maps(monkeypatch, side, 
     assert_parity(got, exact, other, f"conv {kernel}x{kernel}/{stride} on {side}x{side}")
 
 
-def test_world_patch_conv_stays_a_patch_matmul_on_cpu(monkeypatch):
-    """The world nets' ``PatchConv`` (``patches_on_cpu=True``, the default) never takes the
-    native convolution on CPU, even on large maps: the built-in world's reference results stay
-    bit-identical. ``conv2d`` (the ports) does on large maps."""
+def test_world_and_ported_convs_take_the_same_backend_path(monkeypatch):
+    """The world nets' ``PatchConv`` and the ports' ``conv2d`` both compute ``conv``: XLA's
+    native convolution on a 16×16 map, the patch matmul on a 4×4 one (on CPU), each within
+    float32 rounding of the float64 convolution."""
     calls = _spy_native(monkeypatch)
-    x = jax.random.normal(jax.random.key(0), (1, 16, 16, 3))
     world = PatchConv(3, 4, 3, padding=1, rngs=nnx.Rngs(0))
-    np.testing.assert_array_equal(world(x), conv_patches(x, world.kernel[...], 1, 1)
-                                  + world.bias[...])
-    assert not calls
     ported = conv2d(3, 4, 3, padding=1, rngs=nnx.Rngs(0))
-    ported(x)
-    assert calls == [(1, 16, 16, 3)]
+    for side, native in ((16, True), (4, False)):
+        x = jax.random.normal(jax.random.key(side), (1, side, side, 3))
+        for layer in (world, ported):
+            calls.clear()
+            got = layer(x)
+            assert calls == ([(1, side, side, 3)] if native else []), (side, layer)
+            exact = conv_float64(x, layer.kernel[...], 1, 1) + layer.bias[...]
+            other = conv_patches(x, layer.kernel[...], 1, 1) + layer.bias[...]
+            assert_parity(got, exact, other, f"PatchConv on {side}x{side}")

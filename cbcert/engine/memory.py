@@ -25,7 +25,8 @@ from cbcert.engine import sharding
 
 # Per-device memory a chunk may use when the device does not report its capacity (CPU). Small
 # on purpose: on CPU, chunks whose activations outgrow the caches are slower (default world on
-# 2 cores: ~1200 samples/s at 8 pairs per chunk, ~700 at 32-64, ~880 at 512).
+# 2 cores with patch-matmul convolutions: ~1200 samples/s at 8 pairs per chunk, ~700 at 32-64,
+# ~880 at 512; with native convolutions on large maps, 2026-12-02: chunk 16, 0.30 MiB per pair).
 DEFAULT_MAX_MEMORY = 8 * 2**20
 # Fraction of a reporting device's memory (GPU/TPU) a chunk may use by default.
 DEFAULT_MEMORY_FRACTION = 0.25
@@ -39,8 +40,9 @@ _PROBE_PAIRS_PER_DEVICE = 8
 # with jax 0.10.2 on 2 cores (interleaved rounds, benchmarks/timing.py), chunk 32 vs chunk 8:
 # ResNet-18 on 64 px images (724 FLOP/B, 0.28 GFLOP/pair) 1.51x, BigGAN-deep-32 -> ResNet-50 at
 # 56 px (600 FLOP/B) 1.28x, StyleGAN2-64 + CB-AE -> ResNet-50 (805 FLOP/B) 1.08x; the built-in
-# world (31 FLOP/B: small convolutions as patch matmuls, memory-bound) runs 0.55-0.66x at 32-64
-# and keeps the 8 MiB rule.
+# world, then 31 FLOP/B (every convolution a patch matmul, memory-bound), ran 0.55-0.66x at
+# 32-64 and kept the 8 MiB rule. Since its convolutions take the native path on large maps
+# (2026-12-02) it is 166-170 FLOP/B at 0.30 MiB per pair: chunk 16 under the 8 MiB rule.
 COMPUTE_BOUND_FLOPS_PER_BYTE = 200.0
 COMPUTE_BOUND_CHUNK_PER_DEVICE = 32
 COMPUTE_BOUND_MAX_MEMORY = 256 * 2**20

@@ -144,7 +144,7 @@ class OutputBatchNorm(nnx.Module):
 
 
 def _conv(cin: int, cout: int, kernel: int, bias: bool, rngs: nnx.Rngs) -> PatchConv:
-    """``Conv2d(cin, cout, kernel, padding=kernel // 2)`` in NHWC, as a patch matmul."""
+    """``Conv2d(cin, cout, kernel, padding=kernel // 2)`` in NHWC (``cbcert.nn.layers.conv``)."""
     return conv2d(cin, cout, kernel, padding=kernel // 2, use_bias=bias, rngs=rngs)
 
 

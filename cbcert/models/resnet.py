@@ -97,8 +97,8 @@ def conv(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs,
     """``torch.nn.Conv2d(cin, cout, kernel, stride, padding=kernel // 2)`` in NHWC.
 
     PyTorch pads symmetrically by ``kernel // 2`` (flax's ``"SAME"`` would pad asymmetrically
-    for even inputs with stride 2). ``nnx.Conv``'s parameter layout, computed as a patch matmul
-    on CPU (``cbcert.nn.layers.conv``).
+    for even inputs with stride 2). ``nnx.Conv``'s parameter layout, computed by
+    ``cbcert.nn.layers.conv`` (patch matmul on small CPU maps, native convolution otherwise).
     """
     return conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, use_bias=bias,
                   rngs=rngs)

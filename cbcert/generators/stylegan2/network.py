@@ -16,8 +16,8 @@ Maths, per part:
 * modulated convolution (paper eq. 1-3): styles ``s = A(w)`` (affine, bias initialised to 1),
   ``w'_ijk = s_i w_ijk``, demodulated by ``1 / sqrt(Σ_ik w'_ijk² + 1e-8)``; computed as
   ``conv(x ⊙ s, w) ⊙ d`` (the same linear map as the per-sample grouped convolution), the
-  shared-weight ``conv`` as a patch matmul on CPU, the native convolution on accelerators
-  (``cbcert.nn.layers.conv``).
+  shared-weight ``conv`` by ``cbcert.nn.layers.conv`` (patch matmul on small CPU maps, the
+  native convolution on large ones and on accelerators).
 * up-sampling (2×): zero insertion, the stored FIR filter ``f`` (gain 4), then the 3×3 kernel used
   as a true convolution (spatially flipped), as NVlabs' transposed-convolution fast path does;
   computed in that path's order (the two filters commute): the transposed convolution by output
