@@ -3,7 +3,7 @@
 ``WorldTorch(world, models)(z[B, d]) -> logits[B, len(models), C]`` computes the same maths as
 ``world.latent_apply(models)`` (``cbcert.generators.concept_world`` renderer and
 ``g = g2 ∘ D ∘ E ∘ g1``,
-then the ``cbcert.models.world_nets`` classifiers) with the same weights, written the way a
+then the ``cbcert.models.world_classifiers`` classifiers) with the same weights, written the way a
 PyTorch user would: NCHW images, ``F.conv2d`` for the ``PatchConv`` layers (kernels HWIO → OIHW).
 It mirrors ``world.render`` as of commit 95b2fb0; the benchmark's parity check catches drift.
 """

@@ -10,8 +10,8 @@ import pytest
 
 from cbcert.generators.concept_world import ConceptWorldConfig
 from cbcert.io import checkpoint, registry
-from cbcert.models.world_nets import HEADS
-from cbcert.training.world_nets import TrainConfig
+from cbcert.models.world_classifiers import HEADS
+from cbcert.training.train_world import TrainConfig
 from cbcert.worlds.builtin import load_builtin, net_config_for, weights_path
 
 
@@ -41,8 +41,8 @@ def test_shipped_weights_reproduce_documented_accuracies(manifest):
     (``_fragile``); there must be few of those, or the check would mean nothing.
     """
     from cbcert.generators.concept_world import ConceptWorldConfig, make_world
-    from cbcert.models.world_nets import HEADS
-    from cbcert.training.world_nets import _data, merge
+    from cbcert.models.world_classifiers import HEADS
+    from cbcert.training.train_world import _data, merge
     from cbcert.worlds.builtin import abstract_classifiers, net_config_for
 
     world = load_builtin("default")
@@ -100,8 +100,8 @@ def test_train_world_writes_the_same_format(tmp_path):
     """``save_trained`` output loads as the built-in world (here with untrained nets)."""
     from flax import nnx
 
-    from cbcert.models.world_nets import WorldClassifiers
-    from cbcert.training.world_nets import save_trained, split_model
+    from cbcert.models.world_classifiers import WorldClassifiers
+    from cbcert.training.train_world import save_trained, split_model
 
     config = ConceptWorldConfig.from_preset("default")
     net_config = net_config_for(config)
@@ -134,8 +134,10 @@ def test_corrupted_shipped_checkpoint_is_refused(tmp_path):
 
 
 def test_missing_weights_say_how_to_train(tmp_path):
-    with pytest.raises(checkpoint.CheckpointError, match="certify train world --preset k8"):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"certify train world` \(preset 'k8'\)") as caught:
         load_builtin("k8", weights=tmp_path)
+    assert "--" not in str(caught.value)  # the library names no flag
 
 
 def test_weights_for_another_world_are_refused():
@@ -152,11 +154,11 @@ def test_a_checkpoint_of_another_kind_is_refused(tmp_path):
 
 
 def _untrained_result(seed: int = 5):
-    """What ``training.world_nets.train`` returns, with untrained nets (no minutes of training)."""
+    """What ``training.train_world.train`` returns, with untrained nets (no minutes of training)."""
     from flax import nnx
 
-    from cbcert.models.world_nets import WorldClassifiers
-    from cbcert.training.world_nets import split_model
+    from cbcert.models.world_classifiers import WorldClassifiers
+    from cbcert.training.train_world import split_model
 
     net_config = net_config_for(ConceptWorldConfig.from_preset("default"))
     graphdef, state, params = split_model(WorldClassifiers(net_config, rngs=nnx.Rngs(seed)))
@@ -183,13 +185,13 @@ def test_train_world_writes_to_the_user_dir_and_runners_load_it(monkeypatch, tmp
     from click.testing import CliRunner
 
     from cbcert.cli import main
-    from cbcert.training import world_nets
+    from cbcert.training import train_world
     from cbcert.worlds.builtin import shipped_path, user_path
 
     monkeypatch.setenv("CBCERT_HOME", str(tmp_path))
     shipped = {p: p.read_bytes() for p in shipped_path("default").rglob("*") if p.is_file()}
     assert weights_path("default") == shipped_path("default")
-    monkeypatch.setattr(world_nets, "train", lambda world, config, log, **_: _untrained_result())
+    monkeypatch.setattr(train_world, "train", lambda world, config, log, **_: _untrained_result())
     result = CliRunner().invoke(main, ["train", "world", "--preset", "default", "--quick"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "worlds" / "default" / checkpoint.MANIFEST).is_file()
@@ -204,12 +206,12 @@ def test_train_world_checks_out_before_training(monkeypatch, tmp_path):
     from click.testing import CliRunner
 
     from cbcert.cli import main
-    from cbcert.training import world_nets
+    from cbcert.training import train_world
 
     def never(*args, **kwargs):
         raise AssertionError("trained although --out cannot be written")
 
-    monkeypatch.setattr(world_nets, "train", never)
+    monkeypatch.setattr(train_world, "train", never)
     (tmp_path / "file").write_text("x")
     result = CliRunner().invoke(main, ["train", "world", "--out", str(tmp_path / "file" / "w")])
     assert result.exit_code == 2 and "--out" in result.output and "under the file" in result.output
@@ -221,8 +223,8 @@ def test_a_backbone_is_borrowed_only_from_the_same_pretext(monkeypatch, tmp_path
     from click.testing import CliRunner
 
     from cbcert.cli import main
-    from cbcert.training import world_nets
-    from cbcert.training.world_nets import TrainConfig, pretext_backbone
+    from cbcert.training import train_world
+    from cbcert.training.train_world import TrainConfig, pretext_backbone
 
     default = load_builtin("default")
     backbone, source = pretext_backbone(weights_path("default"),
@@ -240,7 +242,7 @@ def test_a_backbone_is_borrowed_only_from_the_same_pretext(monkeypatch, tmp_path
 
     monkeypatch.setenv("CBCERT_HOME", str(tmp_path))
     seen = []
-    monkeypatch.setattr(world_nets, "train", lambda world, config, log, backbone=None:
+    monkeypatch.setattr(train_world, "train", lambda world, config, log, backbone=None:
                         seen.append(backbone) or _untrained_result())
     result = CliRunner().invoke(main, ["train", "world", "--preset", "vocab12",
                                        "--backbone-from", "default"])
@@ -339,7 +341,7 @@ def test_prototype_distances_run_in_float32_under_bfloat16():
     from flax import nnx
 
     from cbcert.engine.sampler import cast_floating
-    from cbcert.models.world_nets import NetConfig, PrototypeLayer
+    from cbcert.models.world_classifiers import NetConfig, PrototypeLayer
 
     layer = PrototypeLayer(16, NetConfig(num_classes=4, num_concepts=6), rngs=nnx.Rngs(0))
     graph, state = nnx.split(layer)

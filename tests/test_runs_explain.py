@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from cbcert import cli
 from cbcert.cli import common as cli_common
+from cbcert.cli import explain as cli_explain
 from cbcert.concepts import concept_state
 from cbcert.generators.concept_world import label_of
 from cbcert.runs import explain as explain_runner
@@ -29,7 +30,10 @@ def world():
 @pytest.fixture(scope="module")
 def finished(world, tmp_path_factory):
     out = tmp_path_factory.mktemp("explain")
-    return out, run(world, JOB, out, chunk_size=64)
+    result = run(world, JOB, out, chunk_size=64)
+    assert not (out / FIGURE).exists()  # runs never draw: the CLI draws what they return
+    cli_explain.draw_figure(result, out)
+    return out, result.summary, result.figure
 
 
 def _records(out):
@@ -37,11 +41,19 @@ def _records(out):
 
 
 def test_records_cover_every_input_and_model(finished, world):
-    out, summary = finished
+    out, summary, figure = finished
     records = _records(out)
     assert [(r["model"], r["index"]) for r in records] == [
         (m, i) for m in JOB.models for i in agreement_pool(world, 1, 6).indices.tolist()]
     assert (out / FIGURE).stat().st_size > 0
+    (row,) = figure.rows  # figure_inputs=1: the first input, explained by the first model
+    assert (figure.model, set(row), set(figure.titles)) == ("cbm", {"clean", "eps", "tau"},
+                                                            {"clean", "eps", "tau"})
+    first = next(r for r in records if r["model"] == "cbm")
+    for view in ("clean", "eps", "tau"):
+        assert row[view]["image"].shape == tuple(world.generator.image_shape)
+        cited = first["cited"] if view == "clean" else first[view]["cited"]
+        assert row[view]["cited"] == cited
     assert set(summary["models"]) == {"cbm", "cbmh", "proto"}
     assert "all_cited_certified_flips" in summary["models"]["cbm"]
     assert "all_cited_certified_flips" in summary["models"]["proto"]
@@ -71,7 +83,7 @@ def test_records_cover_every_input_and_model(finished, world):
 def test_prototype_explanations_are_the_proto_heads_contributions(finished, world):
     """proto records cite the top prototype contributions ``s_j W[y, j]`` of the clean image,
     named after the class each prototype was made for."""
-    out, _ = finished
+    out = finished[0]
     pool = agreement_pool(world, 1, 6)
     params = world.params
     images = world.latent_images(params, jnp.asarray(pool.latents))
@@ -99,18 +111,19 @@ def test_cited_prototypes_are_certified_under_negligible_noise(world, tmp_path):
     set would fail here."""
     job = ExplainJob(models=("proto",), num_inputs=4, sigma=1e-4, n0=10, n=32, figure_inputs=0,
                      seed=2)
-    summary = run(world, job, tmp_path / "p", chunk_size=64)
+    result = run(world, job, tmp_path / "p", chunk_size=64)
+    assert result.figure is None  # figure_inputs=0
     records = _records(tmp_path / "p")
     assert len(records) == 4 and all(r["all_certified"] for r in records)
     assert all(c["cited_under_noise"] for r in records for c in r["certified"])
-    assert summary["models"]["proto"]["all_cited_certified"]["mean"] == 1.0
+    assert result.summary["models"]["proto"]["all_cited_certified"]["mean"] == 1.0
 
 
 def test_known_answer_and_counterfactuals_follow_the_class_rule(finished, world):
     """Precision/recall against the class-defining concepts present, recomputed from the
     world's patterns; every edit verifies on the built-in world (E(D(c)) = c), and
     ``should_change`` is the class rule on the edited concepts."""
-    out, _ = finished
+    out = finished[0]
     pool = agreement_pool(world, 1, 6)
     patterns = np.asarray(world.generator.params["patterns"], bool)
     c = world.generator.concepts(world.params["gen"], jnp.asarray(pool.latents))
@@ -134,8 +147,24 @@ def test_known_answer_and_counterfactuals_follow_the_class_rule(finished, world)
             assert edit["should_change"] == (before != after)
 
 
+def test_the_builtin_class_rule_is_the_ground_truth(world):
+    """`World.class_rule` of a built-in world: ``defining`` is the class patterns on the
+    concepts they cover, and ``label`` of the encoded concept state (on the built-in world,
+    the true concepts: ``E(g1(z))`` carries ``sin(ω (A z))`` exactly) is ``true_label``."""
+    gen, gen_params = world.generator, world.params["gen"]
+    patterns = np.asarray(gen_params["patterns"], bool)  # [C, Kc]
+    rule = world.class_rule
+    assert rule.defining.shape == (world.num_classes, gen.num_concepts)
+    np.testing.assert_array_equal(rule.defining[:, :patterns.shape[1]], patterns)
+    assert not rule.defining[:, patterns.shape[1]:].any()
+    z = jnp.asarray(agreement_pool(world, 1, 6).latents)
+    state = concept_state(gen.concepts(gen_params, z), gen.num_concepts)  # [N, K]
+    np.testing.assert_array_equal(rule.label(state), world.true_label(gen_params, z))
+    np.testing.assert_array_equal(rule.label(state), label_of(state, jnp.asarray(patterns)))
+
+
 def test_export_is_the_documented_format(finished, world, tmp_path):
-    out, _ = finished
+    out = finished[0]
     count = export(out, world, tmp_path / "judge.json")
     data = json.loads((tmp_path / "judge.json").read_text())
     assert (data["format"], data["version"], count) == (EXPORT_FORMAT, 1, 18)

@@ -21,6 +21,7 @@ from cbcert.concepts import absent_present, set_concept
 from cbcert.generators import biggan as bg
 from cbcert.generators.cbae import CBAEConfig
 from cbcert.io import checkpoint, registry
+from cbcert.schema import ConfigError
 from cbcert.training import cbae as tc
 from cbcert.training import cbae_run as runner
 
@@ -98,8 +99,9 @@ def test_masked_concept_loss_follows_upstream_ignore_index_and_nan_rule():
 def test_config_validation_names_the_field():
     for field, value in [("steps", 0), ("batch_size", 1), ("threshold", 1.0), ("num_unsup", -1),
                          ("recon_lr", 0.0), ("beta2", 1.0)]:
-        with pytest.raises(ValueError, match=f"{field}="):
+        with pytest.raises(ConfigError, match=f"{field}=") as caught:
             tc.CBAETrainConfig(**{field: value})
+        assert (caught.value.key, caught.value.value) == (field, value)
 
 
 def test_training_learns_concepts_reconstruction_and_interventions(generator, labeler):
@@ -210,9 +212,10 @@ def test_resume_refuses_other_settings(generator, labeler, tmp_path):
         runner.run(generator, labeler, NAMES, config, tmp_path, identity={"generator": "tiny"},
                save_every=1, log=lambda s: None, on_step=interrupt)
     other = tc.CBAETrainConfig(steps=4, batch_size=8, num_unsup=2, threshold=0.8)
-    with pytest.raises(ValueError, match="train.threshold=0.9, not 0.8"):
+    with pytest.raises(ConfigError, match="train.threshold=0.9, not 0.8") as caught:
         runner.run(generator, labeler, NAMES, other, tmp_path, identity={"generator": "tiny"},
                log=lambda s: None)
+    assert caught.value.key == "out" and "--" not in str(caught.value)  # the CLI names the flag
     with pytest.raises(ValueError, match="generator=\"tiny\", not \"other\""):
         runner.run(generator, labeler, NAMES, config, tmp_path, identity={"generator": "other"},
                log=lambda s: None)
@@ -224,8 +227,9 @@ def test_run_refuses_bad_inputs(generator, labeler, tmp_path):
         runner.run(generator, labeler, NAMES[:2], config, tmp_path / "a", identity={})
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match="not a CB-AE run"):
+    with pytest.raises(ConfigError, match="not a CB-AE run") as caught:
         runner.run(generator, labeler, NAMES, config, tmp_path / "b", identity={})
+    assert caught.value.key == "out" and caught.value.detail.startswith("a non-empty directory")
     assert (tmp_path / "b" / "notes.txt").read_text() == "mine"
 
 

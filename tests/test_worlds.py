@@ -51,6 +51,7 @@ from cbcert.engine.sampler import count_classes  # noqa: E402
 from cbcert.io import checkpoint, registry  # noqa: E402
 from cbcert.models.pcbm import PCBM, PCBMConfig  # noqa: E402
 from cbcert.models.pixpnet import PixPNet, PixPNetConfig  # noqa: E402
+from cbcert.schema import ConfigError  # noqa: E402
 from cbcert.worlds.directory import (  # noqa: E402
     build_generator,
     generator_identity,
@@ -417,14 +418,17 @@ def test_a_manifest_too_deep_or_too_large_is_refused_naming_it(world_dir, tmp_pa
     # Checked as it is read: loading would resize every image to 100000 × 224.
     huge = with_manifest(tmp_path / "huge", world_dir,
                          lambda m: m["preprocess"].update(size=[100000, 224]))
-    with pytest.raises(ValueError, match=r"world.json: preprocess.size=\[100000, 224\]; expected "
-                                         r"null or \[height, width\], integers in \[1, 4096\]"):
+    with pytest.raises(ConfigError, match=r"world.json: preprocess.size=\[100000, 224\]; expected "
+                                          r"null or \[height, width\], integers in \[1, 4096\]"
+                       ) as caught:
         read_manifest(huge)
+    assert caught.value.key == "preprocess.size"  # the world.json key; the CLI says --world
 
 
 def test_a_directory_without_manifest_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="has no world.json"):
+    with pytest.raises(ConfigError, match="has no world.json") as caught:
         read_manifest(tmp_path)
+    assert caught.value.key == "world"
 
 
 def test_roles_and_class_counts_are_checked(world_dir, tmp_path):

@@ -27,6 +27,7 @@ from cbcert.cli import main
 from cbcert.engine.keys import Stream, sample_key, stream_key
 from cbcert.engine.noise import Gaussian
 from cbcert.runs.directory import RECORDS
+from cbcert.schema import ConfigError
 from cbcert.worlds.pixels import NORMALIZE, ImagesError, read_images
 
 torch = pytest.importorskip("torch")
@@ -242,6 +243,10 @@ def test_pixels_worlds_are_refused_where_they_do_not_apply(parts, tmp_path):
                                          f"pixels:{parts['images']}", "--out",
                                          str(tmp_path / "n")])
     assert no_classifier.exit_code == 2 and "needs a classifier" in no_classifier.output
+    assert "Invalid value for --classifier" in no_classifier.output  # the key's flag
+    with pytest.raises(ConfigError, match="needs a classifier") as caught:
+        cbcert.load_world(f"pixels:{parts['images']}")
+    assert caught.value.key == "classifier" and "--" not in str(caught.value)
     stray = runner.invoke(main, ["latent", "--sigma", "0.1", "--classifier",
                                  str(parts["classifier"]), "--out", str(tmp_path / "s")])
     assert stray.exit_code == 2 and "--classifier applies to --world pixels" in stray.output

@@ -114,10 +114,11 @@ def load_world(name: str, *, classifier: Path | None = None, normalize: str = "i
                                  "brings its own classifiers", param_hint="--classifier")
     try:
         return load(name, classifier=classifier, normalize=normalize)
-    except ValueError as err:
-        hint = "--classifier" if str(err).startswith(("classifier", "a pixels world needs")) \
-            else "--world"
+    except ConfigError as err:  # the key is the classifier, normalize, or a part of the world
+        hint = flag_of(err.key) if err.key in ("classifier", "normalize") else "--world"
         raise click.BadParameter(str(err), param_hint=hint) from None
+    except ValueError as err:  # missing or damaged weights, bad images
+        raise click.BadParameter(str(err), param_hint="--world") from None
 
 
 def load_agreement_world(name: str, models: tuple[str, ...], *, concepts: bool = False,

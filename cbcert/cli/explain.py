@@ -84,14 +84,26 @@ def explain(models: str, num_inputs: int, eps: float, tau: int, sigma: float,
         common.writable_file(export_path, "--export")
     world = common.load_agreement_world(world_name, job.models)
     with common.bad_input(FLAGS), bar("explain", quiet, unit="steps") as progress:
-        summary = run(world, job, out, progress=progress, chunk_size=chunk_size,
-                      max_memory=max_memory)
+        result = run(world, job, out, progress=progress, chunk_size=chunk_size,
+                     max_memory=max_memory)
+    draw_figure(result, out)
     if export_path is not None:
         count = export(out, world, export_path)
         if not quiet:
             common.console.print(f"{count} explanations exported to {export_path}")
     if not quiet:
-        _print(summary, world, job, out)
+        _print(result.summary, world, job, out)
+
+
+def draw_figure(result, out: Path) -> None:
+    """Draw an explain run's figure (`cbcert.runs.explain.ExplainResult`) as ``out/explain.png``;
+    nothing when the run drew no inputs (``--figure-inputs 0``)."""
+    from cbcert.report.explain import draw_explanations
+    from cbcert.runs.explain import FIGURE
+
+    if result.figure is not None:
+        figure = result.figure
+        draw_explanations(figure.rows, figure.titles, figure.model, out / FIGURE)
 
 
 def _print(summary: dict, world, job: ExplainJob, out: Path) -> None:

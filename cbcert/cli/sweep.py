@@ -81,7 +81,11 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
         return
     out = common.writable_out(out)
 
-    def done(cell, summary) -> None:
+    def done(cell, result) -> None:
+        if cell.kind == "explain":
+            from cbcert.cli.explain import draw_figure
+
+            draw_figure(result, out / cell.name)
         if not quiet:
             common.console.print(f"{cell.name}: done, records and summary in {out / cell.name}/")
 

@@ -8,6 +8,12 @@ import click
 
 from cbcert.cli import common
 from cbcert.cli.progress import bar
+from cbcert.schema import ConfigError
+
+# `certify train cbae`: library keys (CBAETrainConfig's fields, the run's settings) whose flag
+# is not ``--`` + the key.
+CBAE_FLAGS = {"recon_lr": "--lr", "interv_lr": "--lr", "num_unsup": "--unsup",
+              "concept_names": "--concepts", "generator": "--world"}
 
 
 @click.group()
@@ -117,7 +123,7 @@ def train_world(preset: str, seed: int, out: Path | None, quick: bool,
     Example: certify train world --preset similar5 --backbone-from default
     """
     from cbcert.generators.concept_world import ConceptWorldConfig, make_world
-    from cbcert.training.world_nets import TrainConfig, pretext_backbone, save_trained, train
+    from cbcert.training.train_world import TrainConfig, pretext_backbone, save_trained, train
     from cbcert.worlds.builtin import user_path, weights_path
 
     common.check("seed", seed, "--seed")
@@ -221,11 +227,9 @@ def train_cbae_cmd(world_dir: Path, concept_classifier: Path, concepts: str, out
     try:
         config = CBAETrainConfig(steps=steps, batch_size=batch_size, recon_lr=lr, interv_lr=lr,
                                  threshold=threshold, num_unsup=unsup, seed=seed)
-    except ValueError as err:
-        field = str(err).split("=", 1)[0]
-        flag = {"recon_lr": "--lr", "num_unsup": "--unsup"}.get(
-            field, "--" + field.replace("_", "-"))
-        raise click.BadParameter(str(err), param_hint=flag) from None
+    except ConfigError as err:
+        raise click.BadParameter(str(err), param_hint=common.flag_of(err.key, CBAE_FLAGS)) \
+            from None
     try:
         spec = read_manifest(world_dir)
         if spec.cbae is not None:
@@ -249,9 +253,11 @@ def train_cbae_cmd(world_dir: Path, concept_classifier: Path, concepts: str, out
             manifest = run(generator, labeler, names, config, out, identity=identity,
                            save_every=save_every, eval_samples=eval_samples, log=log,
                            on_step=on_step)
-    except ValueError as err:
-        raise click.BadParameter(str(err).removeprefix(f"--out {out}: "),
-                                 param_hint="--out") from None
+    except ConfigError as err:
+        raise click.BadParameter(err.detail, param_hint=common.flag_of(err.key, CBAE_FLAGS)) \
+            from None
+    except ValueError as err:  # e.g. damaged progress checkpoints in --out
+        raise click.BadParameter(str(err), param_hint="--out") from None
     metrics = manifest["metrics"]
     common.console.print_json(
         data={k: v for k, v in metrics.items() if not k.endswith("per_concept")})

@@ -39,7 +39,7 @@ from cbcert.models.densenet import DENSENET_PRESETS, DenseNet, DenseNetConfig
 from cbcert.models.pcbm import PCBM, PCBMConfig
 from cbcert.models.pixpnet import PixPNet, PixPNetConfig
 from cbcert.models.resnet import RESNET_PRESETS, ResNet, ResNetConfig
-from cbcert.models.world_nets import NetConfig, WorldClassifiers
+from cbcert.models.world_classifiers import NetConfig, WorldClassifiers
 from cbcert.schema import shorten
 
 Method = Callable[[Any, jax.Array], jax.Array]  # (module, x) -> y

@@ -252,7 +252,7 @@ class PixPNet(nnx.Module):
 
         In float32 whatever the compute dtype (``--dtype bfloat16``): the expanded L2 form
         cancels near a prototype, where the log similarity is steepest (see
-        ``world_nets.PrototypeLayer.distances``). In float32 the program is unchanged."""
+        ``world_classifiers.PrototypeLayer.distances``). In float32 the program is unchanged."""
         z = self.latent(x)
         z = z.astype(jnp.promote_types(z.dtype, jnp.float32))
         prototypes = self.prototypes[...].astype(z.dtype)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cbcert.report.figures import _pyplot, _save
+from cbcert.report.plotting import pyplot, save
+from cbcert.report.tables import EXPLAIN_MEASURES
 
 
 def draw_explanations(rows: Sequence[Mapping[str, dict]], titles: Mapping[str, str], model: str,
@@ -19,7 +20,7 @@ def draw_explanations(rows: Sequence[Mapping[str, dict]], titles: Mapping[str, s
 
     ``rows[r][view]``: ``{"image", "prediction", "cited": [{"name", "share"}, ...]}``.
     """
-    plt = _pyplot()
+    plt = pyplot()
     views = list(titles)
     fig, axes = plt.subplots(len(rows), 2 * len(views), squeeze=False,
                              figsize=(3.2 * len(views) * 2, 2.4 * len(rows)))
@@ -38,20 +39,18 @@ def draw_explanations(rows: Sequence[Mapping[str, dict]], titles: Mapping[str, s
             bars_ax.set_xlim(-1, 1)
             bars_ax.axvline(0, color="black", linewidth=0.5)
             bars_ax.tick_params(axis="x", labelsize=7)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def figure_explanations(summary: dict, path: Path) -> Path | None:
     """Every measure of an explain cell (`cbcert.report.tables.EXPLAIN_MEASURES` that lie in
     [0, 1]) as grouped bars per model with their 95 % bootstrap intervals; None without data."""
-    from cbcert.report.tables import EXPLAIN_MEASURES
-
     models = list(summary["models"])
     measures = [(key, label) for key, label in EXPLAIN_MEASURES
                 if "radius" not in key and any(summary["models"][m].get(key) for m in models)]
     if not models or not measures:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(measures) * len(models)), 4.5))
     width, bottom = 0.8 / len(models), 0.0
     for i, model in enumerate(models):
@@ -69,7 +68,7 @@ def figure_explanations(summary: dict, path: Path) -> Path | None:
     ax.set_title(f"Explanations of {summary['inputs']} inputs: stability, certificates, known "
                  "answer, counterfactuals", fontsize=9)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def figure_perturb_explanations(summary: dict, path: Path) -> Path | None:
@@ -80,7 +79,7 @@ def figure_perturb_explanations(summary: dict, path: Path) -> Path | None:
     kinds = list(dict.fromkeys(r["kind"] for r in rows))
     if not kinds:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(2, len(kinds), squeeze=False, figsize=(4.0 * len(kinds), 6.0))
     for col, kind in enumerate(kinds):
         budgets = [r for r in rows if r["kind"] == kind]
@@ -99,7 +98,7 @@ def figure_perturb_explanations(summary: dict, path: Path) -> Path | None:
             ax.legend(fontsize=7)
     fig.suptitle("Explanation stability under perturbation (mean ± sd over subsets)",
                  fontsize=9)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 __all__ = ["draw_explanations", "figure_explanations", "figure_perturb_explanations"]

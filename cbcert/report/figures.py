@@ -11,25 +11,10 @@ import numpy as np
 
 from cbcert.certify.smoothing import SMOOTHINGS, Smoothing, smoothing
 from cbcert.report.cells import CellResult
+from cbcert.report.explain import figure_explanations, figure_perturb_explanations
+from cbcert.report.plotting import draw_plans, pyplot, save
 from cbcert.report.tables import _budget_label
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    _pyplot().close(fig)
-    return path
-
 
 _AXES = {"eps": "ε (latent L2 shift)", "tau": "τ (concepts flipped)",
          "sigma": "σ (latent Gaussian noise)", "rho": "ρ (concept flip probability)"}
@@ -41,7 +26,7 @@ def figure_pfr(cell: CellResult, kind: str, path: Path) -> Path | None:
     budgets = [b for b in cell.summary["budgets"] if b["kind"] == kind]
     if not budgets:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     x = [b["value"] for b in budgets]
     for model in cell.summary["settings"]["models"]:
@@ -51,7 +36,7 @@ def figure_pfr(cell: CellResult, kind: str, path: Path) -> Path | None:
     ax.set(xlabel=_AXES[kind], ylabel="PFR",
            title=f"Prediction flip rate vs {BUDGET_SYMBOLS[kind]}")
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def figure_certified_accuracy(cell: CellResult, path: Path) -> Path | None:
@@ -59,7 +44,7 @@ def figure_certified_accuracy(cell: CellResult, path: Path) -> Path | None:
     s = cell.summary
     if s["mode"] != "certify":
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for model, m in s["models"].items():
         ax.step(m["radius_grid"], m["certified_accuracy"], where="post", label=model)
@@ -68,7 +53,7 @@ def figure_certified_accuracy(cell: CellResult, path: Path) -> Path | None:
     ax.set(xlabel=unit, ylabel="certified accuracy", ylim=(0, 1.02),
            title=f"Certified accuracy, {symbol} = {s['scale']:g}")
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def figure_vs_scale(cells: Sequence[CellResult], kind: Smoothing, path: Path) -> Path | None:
@@ -77,7 +62,7 @@ def figure_vs_scale(cells: Sequence[CellResult], kind: Smoothing, path: Path) ->
                      and c.summary["mode"] == "certify"), key=lambda c: c.summary["scale"])
     if not chosen:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     scales = [c.summary["scale"] for c in chosen]
     for model in chosen[0].summary["models"]:
@@ -88,7 +73,7 @@ def figure_vs_scale(cells: Sequence[CellResult], kind: Smoothing, path: Path) ->
     axes[0].set(xlabel=symbol, ylabel="smoothed accuracy", title=f"SmAcc vs {symbol}")
     axes[1].set(xlabel=symbol, ylabel=acr, title=f"{acr} vs {symbol}")
     axes[0].legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def robustness_gaps(cells: Sequence[CellResult]) -> tuple[list[str], list[str], list[list[float]]]:
@@ -133,7 +118,7 @@ def figure_gap_heatmap(cells: Sequence[CellResult], path: Path) -> Path | None:
     data = np.array(values, dtype=np.float64)  # [budgets, metrics]
     keep = ~np.all(np.isnan(data), axis=0)
     data, columns = data[:, keep], [c for c, k in zip(columns, keep, strict=True) if k]
-    plt = _pyplot()
+    plt = pyplot()
     bound = max(float(np.nanmax(np.abs(data))), 1e-9)
     fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(columns), 1.2 + 0.35 * len(rows)))
     image = ax.imshow(np.ma.masked_invalid(data), cmap="RdBu", vmin=-bound, vmax=bound,
@@ -145,7 +130,7 @@ def figure_gap_heatmap(cells: Sequence[CellResult], path: Path) -> Path | None:
             ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=8)
     fig.colorbar(image, ax=ax, label="gap (positive = CBM more robust)")
     ax.set_title("std vs cbm robustness gap")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def figure_flips_vs_pfr(cell: CellResult, path: Path) -> Path | None:
@@ -153,7 +138,7 @@ def figure_flips_vs_pfr(cell: CellResult, path: Path) -> Path | None:
     budgets = [b for b in cell.summary["budgets"] if b["cfr"] is not None]
     if not budgets:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for h, model in enumerate(cell.summary["settings"]["models"]):
         pfr = [b["pfr"][model]["mean"] for b in budgets]
@@ -171,7 +156,7 @@ def figure_flips_vs_pfr(cell: CellResult, path: Path) -> Path | None:
     axes[0].legend()
     if axes[1].has_data():
         axes[1].legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def figure_attacks(cells: Sequence[CellResult], path: Path) -> Path | None:
@@ -180,7 +165,7 @@ def figure_attacks(cells: Sequence[CellResult], path: Path) -> Path | None:
     attacks = [c for c in cells if c.kind == "attack"]
     if not attacks:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     eps_values = sorted({b["eps"] for c in attacks for m in c.summary["models"].values()
                          for b in m["budgets"]})
     models = list(dict.fromkeys(m for c in attacks for m in c.summary["models"]))
@@ -205,12 +190,12 @@ def figure_attacks(cells: Sequence[CellResult], path: Path) -> Path | None:
         ax.set(ylim=(0, 1), title=f"ε = {eps:g}", ylabel="robust accuracy")
     axes[0][0].legend(fontsize=8)
     fig.suptitle("APGD: robust accuracy (bars) and clean accuracy (hatched), vanilla vs smoothed")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def figure_class_distances(result: dict, path: Path) -> Path:
     """Heatmap of a world's class-centroid distances (``runs.classes.class_distances``)."""
-    plt = _pyplot()
+    plt = pyplot()
     names = result["class_names"]
     values = np.array([[np.nan if v is None else v for v in row] for row in result["distances"]])
     size = 1.2 + 0.55 * len(names)
@@ -227,7 +212,7 @@ def figure_class_distances(result: dict, path: Path) -> Path:
     fig.colorbar(image, ax=ax, label="‖μ_c − μ_c'‖₂")
     ax.set_title(f"Class-centroid distances, f_std features ({result['world']}, "
                  f"{result['samples']} samples)", fontsize=9)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _attack_label(cell: CellResult) -> str:
@@ -252,8 +237,6 @@ def write_figures(cells: Sequence[CellResult], out: Path,
                           lambda p, c=cell, k=kind: figure_pfr(c, k, p)))
         plans.append((f"{prefix}cfr_dfs_vs_pfr.png", lambda p, c=cell: figure_flips_vs_pfr(c, p)))
         if "explanations" in cell.summary:
-            from cbcert.report.explain import figure_perturb_explanations
-
             plans.append((f"{prefix}explanation_stability.png",
                           lambda p, c=cell: figure_perturb_explanations(c.summary, p)))
     for cell in cells:
@@ -271,24 +254,9 @@ def write_figures(cells: Sequence[CellResult], out: Path,
             plans.append(("class_distances.png",
                           lambda p, c=cell: figure_class_distances(c.summary, p)))
         if cell.kind == "explain":
-            from cbcert.report.explain import figure_explanations
-
             plans.append((f"explanations_{cell.name}.png",
                           lambda p, c=cell: figure_explanations(c.summary, p)))
     if not perturbs:
         log("note: no perturb cell; skipped pfr_vs_eps, pfr_vs_tau and cfr_dfs_vs_pfr")
     return draw_plans(plans, out, log, "no data for it in this run")
 
-
-def draw_plans(plans: Sequence[tuple[str, Callable[[Path], Path | None]]], out: Path,
-               log: Callable[[str], None], why: str) -> list[Path]:
-    """Draw each ``(file name, draw)`` plan into ``out``; the written paths, in order. A draw
-    that returns None (no data) is noted as ``skipped <name> (<why>)``."""
-    written = []
-    for name, draw in plans:
-        path = draw(out / name)
-        if path is None:
-            log(f"note: skipped {name} ({why})")
-        else:
-            written.append(path)
-    return written

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from cbcert.concepts import concept_state, flip_pairs
+from cbcert.report.plotting import pyplot
 
 # Formats matplotlib writes by itself or through Pillow's always-present codecs (not .pgf,
 # which needs LaTeX, nor Pillow's optional ones); the file's suffix picks one.
@@ -34,11 +35,7 @@ def world_grid(world, *, n: int, seed: int, flip: int | None, out: Path) -> Path
     With ``flip = i`` every sample is followed by its counterfactual ``g2(D(F(E(g1(z)), e_i)))``.
     """
     check_image_path(out)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     gen = world.generator
     k = gen.num_concepts
     z = world.sample_latents(jax.random.key(seed), n)

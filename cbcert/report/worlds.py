@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from cbcert.report.cells import CellResult, DamagedFileError, ReportError, find_cells
-from cbcert.report.figures import _pyplot, _save, draw_plans, robustness_gaps
+from cbcert.report.figures import robustness_gaps
+from cbcert.report.plotting import draw_plans, pyplot, save
 from cbcert.report.tables import Table, _num, tables
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
@@ -139,7 +140,7 @@ def figure_gap_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
     columns, data = gap_columns(worlds)
     if not columns:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     bound = max(float(np.nanmax(np.abs(data))), 1e-9)
     fig, ax = plt.subplots(figsize=(2.5 + 0.55 * len(columns), 1.6 + 0.45 * len(worlds)))
     image = ax.imshow(np.ma.masked_invalid(data), cmap="RdBu", vmin=-bound, vmax=bound,
@@ -152,7 +153,7 @@ def figure_gap_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
                 ax.text(j, i, f"{v:+.2f}", ha="center", va="center", fontsize=6)
     fig.colorbar(image, ax=ax, label="gap (positive = CBM more robust)")
     ax.set_title("std vs cbm robustness gap across worlds")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _world_label(world: WorldCells) -> str:
@@ -181,7 +182,7 @@ def figure_pfr_worlds(worlds: Sequence[WorldCells], kind: str, path: Path) -> Pa
                     for m in ms}))
     if not curves:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(curves), len(models), figsize=(3.3 * len(models),
                                                                2.8 * len(curves)),
                              squeeze=False, sharey=True)
@@ -194,7 +195,7 @@ def figure_pfr_worlds(worlds: Sequence[WorldCells], kind: str, path: Path) -> Pa
         row[0].set_ylabel("PFR")
         row[0].legend(fontsize=7)
     fig.suptitle(f"Prediction flip rate vs {BUDGET_SYMBOLS[kind]} across worlds")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
@@ -204,7 +205,7 @@ def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | Non
                                     if c.kind == "certify" and c.summary["mode"] == "certify"))
     if not cell_names:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(cell_names), figsize=(1.5 + 1.1 * len(worlds)
                                                           * len(cell_names), 3.6), squeeze=False)
     for ax, cell_name in zip(axes[0], cell_names, strict=True):
@@ -228,7 +229,7 @@ def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | Non
         ax.set(title=cell_name, ylabel="certified radius")
     axes[0][0].legend(fontsize=7)
     fig.suptitle("ACR (bars) and radius of correct inputs (hatched) per world and model")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def figure_delta_pfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
@@ -245,7 +246,7 @@ def figure_delta_pfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | 
     if not entries:
         return None
     pairs = list(dict.fromkeys(c["model_b"] for _, _, cs in entries for c in cs))
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(2 + 1.2 * len(entries) * max(len(pairs), 1) / 2, 3.6))
     width = 0.8 / max(len(pairs), 1)
     for j, other in enumerate(pairs):
@@ -262,7 +263,7 @@ def figure_delta_pfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | 
     ax.set_xticks(range(len(entries)), [f"{n}\nε={e:g}" for n, e, _ in entries], fontsize=8)
     ax.set(ylabel="ΔPFR", title="ΔPFR at the largest ε (positive = other model flips less)")
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def figure_class_distances_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
@@ -274,7 +275,7 @@ def figure_class_distances_worlds(worlds: Sequence[WorldCells], path: Path) -> P
     matrices = [np.array([[np.nan if v is None else v for v in row] for row in s["distances"]])
                 for _, s in results]
     top = max((float(np.nanmax(m)) for m in matrices if np.isfinite(m).any()), default=1.0)
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(0.6 + 3.4 * len(results), 3.6),
                              squeeze=False)
     for ax, (name, s), m in zip(axes[0], results, matrices, strict=True):
@@ -297,7 +298,7 @@ def figure_attacks_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | No
                                     if c.kind == "attack"))
     if not cell_names:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(cell_names), figsize=(1.5 + 1.1 * len(worlds)
                                                           * len(cell_names), 3.6),
                              squeeze=False, sharey=True)
@@ -327,7 +328,7 @@ def figure_attacks_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | No
     axes[0][0].set_ylabel("robust accuracy")
     axes[0][0].legend(fontsize=7)
     fig.suptitle("APGD across worlds: robust (bars) and clean (hatched) accuracy")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def cross_world_figures(worlds: Sequence[WorldCells], out: Path,

@@ -2,7 +2,7 @@
 stability and their known-answer quality (where the world knows its class rule).
 
 Size: one runner for the whole explanation study (views, certificates, known answer,
-counterfactuals, prototype membership, figure, export) over ~520 lines; its kernels live in
+counterfactuals, prototype membership, figure arrays, export) over ~540 lines; its kernels live in
 `cbcert.robustness.explain` and the explaining heads and record fields in
 `cbcert.runs.explanations`.
 
@@ -42,15 +42,16 @@ as a concept sign (Holm over the cited prototypes), claimed stable only where th
 value is "cited". Known-answer scores and concept counterfactuals do not apply to prototypes
 (they name no concept of the world) and are left out of its records and summary; they are
 left out for every model on worlds without a known class rule (world directories:
-`has_class_rule`), where the rest runs as on built-in worlds.
+``World.class_rule`` is None), where the rest runs as on built-in worlds.
 
-Writes ``explanations.jsonl`` (one record per input and model), ``summary.json`` (per model:
-means with percentile bootstrap 95 % intervals over inputs, seed-fixed) and ``explain.png`` (the
-first inputs: image and bars, clean and perturbed). A rerun recomputes everything (the run is
-small); ``run.json`` pins the settings as every run directory does. With ``rho`` the cited
-concepts' signs are also certified under Bernoulli concept flips of c (Hamming radius, Lee et
-al.; streams SELECT/ESTIMATE of ``certify concept --rho ρ``): fields ``certified_flips``,
-``all_certified_flips``.
+Writes ``explanations.jsonl`` (one record per input and model) and ``summary.json`` (per model:
+means with percentile bootstrap 95 % intervals over inputs, seed-fixed), and returns the arrays
+of ``explain.png`` (the first inputs: image and bars, clean and perturbed), which the CLI draws
+(`cbcert.report.explain.draw_explanations`; runs never import the report). A rerun recomputes
+everything (the run is small); ``run.json`` pins the settings as every run directory does. With
+``rho`` the cited concepts' signs are also certified under Bernoulli concept flips of c
+(Hamming radius, Lee et al.; streams SELECT/ESTIMATE of ``certify concept --rho ρ``): fields
+``certified_flips``, ``all_certified_flips``.
 """
 
 from __future__ import annotations
@@ -69,7 +70,6 @@ from cbcert.concepts import concept_state, flip_pairs
 from cbcert.engine.keys import Stream, sample_key, stream_key
 from cbcert.engine.noise import BernoulliFlips, FixedFlips, Gaussian, SphereShift
 from cbcert.engine.sampler import map_inputs, map_samples
-from cbcert.generators.concept_world import label_of
 from cbcert.robustness import explain as ex
 from cbcert.runs import explanations
 from cbcert.runs.budgets import observer
@@ -225,8 +225,7 @@ def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: d
       ``{"single": fields [N, k], "all": fields [N]}``, fields ``valid``, ``should_change``,
       ``consistent``, ``faithful`` (NaN where undefined or the slot cites nothing).
     """
-    gen, k = world.generator, world.generator.num_concepts
-    patterns = np.asarray(gen.params["patterns"])
+    gen, k, rule = world.generator, world.generator.num_concepts, world.class_rule
     n, top = cited.shape
     targets = np.zeros((n, top + 1, k), bool)  # slot j < top: concept j alone; top: all
     rows, slots = np.nonzero(cited >= 0)
@@ -246,8 +245,8 @@ def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: d
     out = map_inputs(observe, world.params, edited, **memory)
     before = np.repeat(clean["state"], top + 1, axis=0)
     valid = ex.verify_edit(before, out["readout"], flat_targets)
-    rule = np.asarray(label_of(jnp.asarray(flat_targets ^ before), jnp.asarray(patterns)))
-    should = rule != np.asarray(label_of(jnp.asarray(before), jnp.asarray(patterns)))
+    should = (np.asarray(rule.label(jnp.asarray(flat_targets ^ before)))
+              != np.asarray(rule.label(jnp.asarray(before))))
     pred_before = np.repeat(clean["pred"][:, h], top + 1)
     consistent = ex.counterfactual_consistency(pred_before, out["pred"], should)
     e_after = ex.explain(ex.contributions(out["scores"], weights, out["pred"]), job.top_k)
@@ -268,13 +267,9 @@ def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: d
 
 
 def _relevant(world, pool, state: np.ndarray) -> np.ndarray:
-    """``[N, K]`` class-defining concepts present: on in the image, read by the class rule and
-    on in the true class's pattern (built-in worlds: ``generator.params["patterns"]``)."""
-    patterns = np.asarray(world.generator.params["patterns"], bool)  # [C, Kc]
-    out = np.zeros_like(state, dtype=bool)
-    core = patterns.shape[1]
-    out[:, :core] = state[:, :core] & patterns[pool.true_labels]
-    return out
+    """``[N, K]`` class-defining concepts present: on in the image (``state``), read by the
+    class rule and on in the true class's pattern (`World.class_rule`'s ``defining``)."""
+    return state.astype(bool) & world.class_rule.defining[pool.true_labels]
 
 
 def _cited(e: ex.Explanation, row: int, names, unit: str = "concept") -> list[dict]:
@@ -288,12 +283,6 @@ def _cited_only(cert: ex.ConceptCertificate) -> ex.ConceptCertificate:
     certified = cert.certified & cited
     return replace(cert, certified=certified, radius=np.where(cited, cert.radius, 0.0),
                    all_certified=np.all(certified | (cert.sign == 0), axis=1))
-
-
-def has_class_rule(world) -> bool:
-    """Whether the world knows its class rule (built-in worlds: ground-truth labels and the
-    class patterns), which the known-answer scores and the counterfactuals need."""
-    return world.true_label is not None and "patterns" in (world.generator.params or {})
 
 
 def check(world, job: ExplainJob) -> None:
@@ -311,9 +300,38 @@ def check(world, job: ExplainJob) -> None:
                           value=job.flip_radius, allowed=f"[1, {k}]", detail=detail)
 
 
+@dataclass(frozen=True)
+class ExplanationFigure:
+    """What ``explain.png`` shows, as arrays, for the caller to draw
+    (`cbcert.report.explain.draw_explanations`): the first ``figure_inputs`` inputs explained
+    by the first model.
+
+    Attributes:
+      rows: one per input, ``{view: {"image": [H, W, 3] float in [0, 1], "prediction": class
+        name, "cited": [{"concept", "name", "share"}, ...]}}`` for the views ``clean``, ``eps``
+        (the ε-shifted latent) and ``tau`` (τ concepts flipped).
+      titles: ``{view: panel title}`` (``clean``, ``ε = …``, ``τ = …``).
+      model: the model explained.
+    """
+
+    rows: tuple[dict[str, dict], ...]
+    titles: dict[str, str]
+    model: str
+
+
+@dataclass(frozen=True)
+class ExplainResult:
+    """What `run` returns: ``summary`` (as written to ``summary.json``) and ``figure``, the
+    `ExplanationFigure` to draw as `FIGURE` (None with ``figure_inputs=0``)."""
+
+    summary: dict[str, Any]
+    figure: ExplanationFigure | None
+
+
 def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: int | None = None,
-        max_memory: int | None = None) -> dict[str, Any]:
-    """Explain, perturb, certify and score (module docstring); returns the summary.
+        max_memory: int | None = None) -> ExplainResult:
+    """Explain, perturb, certify and score (module docstring); returns the summary and the
+    figure's arrays (`ExplainResult`); the caller draws the figure (the runner draws nothing).
 
     ``progress(done, total)`` is called after each of the `STEPS` phases.
 
@@ -333,7 +351,7 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
         report = progress or (lambda done, total: None)
         obs = _observations(world, job, pool, memory, report)
         heads = explanations.heads(world, job.models)
-        known = has_class_rule(world)
+        known = world.class_rule is not None
         relevant = _relevant(world, pool, obs["clean"]["state"]) if known else None
         records, per_model, shown = [], {}, {}
         for h, m in enumerate(job.models):
@@ -380,9 +398,8 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
                    "inputs": job.num_inputs, "models": per_model}
         write_json(out / "summary.json", summary)
         (out / RECORDS).write_text("".join(json_line(r) for r in records))
-        if job.figure_inputs:
-            _figure(world, job, pool, obs, shown, out / FIGURE)
-    return summary
+        figure = _figure(world, job, pool, obs, shown) if job.figure_inputs else None
+    return ExplainResult(summary, figure)
 
 
 def _float(value) -> float | None:  # NaN (undefined) as JSON null
@@ -463,10 +480,8 @@ def _model_summary(stability, certs, quality, edits, seed) -> dict[str, Any]:
     return out
 
 
-def _figure(world, job, pool, obs, shown, path: Path) -> None:
+def _figure(world, job, pool, obs, shown) -> ExplanationFigure:
     """The first inputs: clean, ε-shifted and τ-flipped images with the first model's bars."""
-    from cbcert.report.explain import draw_explanations
-
     count = min(job.figure_inputs, job.num_inputs)
     params, root = world.params, jax.random.key(job.seed)
     gen, k = world.generator, world.generator.num_concepts
@@ -488,7 +503,7 @@ def _figure(world, job, pool, obs, shown, path: Path) -> None:
                             "cited": _cited(shown[model][view], r, names)}
                      for view in ("clean", "eps", "tau")})
     titles = {"clean": "clean", "eps": f"ε = {job.eps:g}", "tau": f"τ = {job.tau}"}
-    draw_explanations(rows, titles, model, path)
+    return ExplanationFigure(tuple(rows), titles, model)
 
 
 EXPORT_FORMAT = "cbcert-explanations"
@@ -526,4 +541,5 @@ def export(out: str | Path, world, path: str | Path) -> int:
     return len(items)
 
 
-__all__ = ["EXPORT_FORMAT", "ExplainJob", "FIGURE", "RECORDS", "check", "export", "run"]
+__all__ = ["EXPORT_FORMAT", "ExplainJob", "ExplainResult", "ExplanationFigure", "FIGURE", "RECORDS",
+           "check", "export", "run"]

@@ -344,14 +344,16 @@ def run_sweep(
         tests can pass ``untrained_world`` (called once per world of a multi-world config,
         with its preset or directory).
       progress: ``cell name -> callback(done, total)`` (or None) for each cell's runner.
-      on_cell: called with ``(cell, summary)`` after each cell finishes.
+      on_cell: called with ``(cell, result)`` after each cell finishes, ``result`` what the
+        cell's runner returned (perturb: `PerturbResult`; explain: `ExplainResult`, whose figure
+        the caller draws; the others: the summary dict).
       shard: ``(i, n)``: run only the cells `assign_shards` gives shard i of n, without
         locking ``out`` itself (each cell is locked by its runner), so that the other shards
         can run into the same ``out`` at the same time.
 
     Returns:
-      ``{cell name: summary dict}`` of the cells run (for perturb cells, the summary of its
-      `PerturbResult`).
+      ``{cell name: summary dict}`` of the cells run (for perturb and explain cells, the
+      summary of its `PerturbResult` or `ExplainResult`).
 
     Raises:
       ConfigError: a cell cannot run on the world (unknown model, τ > K).
@@ -391,12 +393,11 @@ def run_sweep(
             run_cell = {"certify": certify_runner.run, "perturb": perturb_runner.run,
                         "attack": attack_runner.run, "classes": classes_runner.run,
                         "explain": explain_runner.run}[cell.kind]
-            summary = run_cell(worlds[cell.world], cell.job, out / cell.name, progress=callback)
-            if cell.kind == "perturb":
-                summary = summary.summary
-            summaries[cell.name] = summary
+            result = run_cell(worlds[cell.world], cell.job, out / cell.name, progress=callback)
+            summaries[cell.name] = (result.summary if cell.kind in ("perturb", "explain")
+                                    else result)
             if on_cell:
-                on_cell(cell, summary)
+                on_cell(cell, result)
         return summaries
 
 

@@ -53,6 +53,7 @@ from flax import nnx
 from cbcert.concepts import absent_present, set_concept
 from cbcert.generators.base import Generator
 from cbcert.generators.cbae import CBAE, CBAEConfig
+from cbcert.schema import ConfigError
 
 Labeler = Callable[[jax.Array], jax.Array]  # x[B, H, W, 3] in [0, 1] -> s[B, K] concept logits
 
@@ -91,7 +92,9 @@ class CBAETrainConfig:
                   ("num_unsup", self.num_unsup >= 0, ">= 0"), ("seed", self.seed >= 0, ">= 0")]
         for name, ok, rule in checks:
             if not ok:
-                raise ValueError(f"{name}={getattr(self, name)}; allowed: {rule}")
+                value = getattr(self, name)
+                raise ConfigError(f"{name}={value}; allowed: {rule}", key=name, value=value,
+                                  allowed=rule)
 
     def identity(self) -> dict:
         """Everything but ``steps``: what a resumed run must share with the interrupted one."""

@@ -23,6 +23,7 @@ from cbcert.generators.base import Generator
 from cbcert.generators.cbae import CBAE, CBAEConfig
 from cbcert.io import checkpoint
 from cbcert.io.registry import save_module
+from cbcert.schema import ConfigError
 from cbcert.training.cbae import (
     CBAETrainConfig,
     Labeler,
@@ -68,11 +69,17 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return flat
 
 
+def _out_error(out: Path, detail: str) -> ConfigError:
+    """The output directory ``out`` cannot take this run (key ``out``; ``detail`` says why)."""
+    return ConfigError(f"{out}: {detail}", key="out", value=str(out), detail=detail)
+
+
 def load_progress(out: Path, template: TrainState, identity: dict) -> TrainState | None:
     """The saved train state in ``out/progress`` (None if there is none).
 
     Raises:
-      ValueError: the saved run was started with different settings (names the first one).
+      ConfigError: (key ``out``) the saved run was started with different settings (names
+        the first one).
     """
     for name in (PROGRESS, f"{PROGRESS}.tmp"):
         path = out / name
@@ -86,8 +93,9 @@ def load_progress(out: Path, template: TrainState, identity: dict) -> TrainState
         for key in sorted(set(saved) | set(wanted)):
             if saved.get(key) != wanted.get(key):
                 was, now = json.dumps(saved.get(key)), json.dumps(wanted.get(key))
-                raise ValueError(f"--out {out}: holds an unfinished run with {key}={was}, not "
-                                 f"{now}; use another --out, or the same settings to resume")
+                raise _out_error(out, f"holds an unfinished run with {key}={was}, not {now}; "
+                                      "use another output directory, or the same settings to "
+                                      "resume")
         tree, _ = checkpoint.load(path, _progress_tree(template), manifest)
         return TrainState(tree["params"], tree["batch_stats"], tree["opt_recon"],
                           tree["opt_interv"], int(manifest["step"]))
@@ -106,19 +114,20 @@ def out_status(out: Path) -> str:
     """``"new"`` (absent or empty), ``"done"`` (a written CB-AE), ``"partial"`` (progress only).
 
     Raises:
-      ValueError: a non-empty directory that is neither (refuse to overwrite user files).
+      ConfigError: (key ``out``) a non-empty directory that is neither (refuse to overwrite
+        user files).
     """
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return "new"
     if not out.is_dir():
-        raise ValueError(f"--out {out}: exists and is not a directory")
+        raise _out_error(out, "exists and is not a directory")
     names = {p.name for p in out.iterdir()}
     if checkpoint.MANIFEST in names:
         return "done"
     if names <= {PROGRESS, f"{PROGRESS}.tmp"}:
         return "partial"
-    raise ValueError(f"--out {out}: a non-empty directory that is not a CB-AE run "
-                     f"(holds {sorted(names)[:3]}); choose a new or empty directory")
+    raise _out_error(out, f"a non-empty directory that is not a CB-AE run (holds "
+                          f"{sorted(names)[:3]}); choose a new or empty directory")
 
 
 def run(generator: Generator, labeler: Labeler, concept_names: tuple[str, ...], config:
@@ -138,23 +147,26 @@ def run(generator: Generator, labeler: Labeler, concept_names: tuple[str, ...], 
       on_step: ``(step, losses)`` after every step (progress bars).
     """
     if generator.num_concepts:
-        raise ValueError(f"generator {generator.name} already has a concept bottleneck "
-                         f"(K={generator.num_concepts}); train a CB-AE on one without")
+        raise ConfigError(f"generator {generator.name} already has a concept bottleneck "
+                          f"(K={generator.num_concepts}); train a CB-AE on one without",
+                          key="generator", value=generator.name)
     if not concept_names:
-        raise ValueError("concept_names=(); need at least one concept")
+        raise ConfigError("concept_names=(); need at least one concept", key="concept_names",
+                          value=concept_names, allowed="at least one name")
     latent = jax.eval_shape(lambda z: generator.g1(generator.params, z),
                             jax.ShapeDtypeStruct((1, generator.input_dim), jnp.float32))
     scores = jax.eval_shape(labeler, jax.ShapeDtypeStruct((1, *generator.image_shape),
                                                           jnp.float32))
     if scores.shape != (1, len(concept_names)):
-        raise ValueError(f"the concept classifier outputs {scores.shape[-1]} logits but "
-                         f"{len(concept_names)} concept names were given")
+        raise ConfigError(f"the concept classifier outputs {scores.shape[-1]} logits but "
+                          f"{len(concept_names)} concept names were given", key="concept_names",
+                          value=concept_names, allowed=f"{scores.shape[-1]} names")
     cbae_config = CBAEConfig(latent_dim=latent.shape[1], num_ws=1, concept_names=concept_names,
                              num_unsup=config.num_unsup)
     identity = {**identity, "train": config.identity(), "concepts": list(concept_names)}
     status = out_status(out)
     if status == "done":
-        raise ValueError(f"--out {out}: already holds a trained CB-AE; choose another directory")
+        raise _out_error(out, "already holds a trained CB-AE; choose another directory")
     model = new_cbae(cbae_config, config.seed)
     state = init_state(model, config)
     if status == "partial":

@@ -10,18 +10,20 @@ preset's weights there over the shipped ones, so every runner loads what the use
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from cbcert.generators.concept_world import ConceptWorldConfig, make_world
+from cbcert.generators.concept_world import ConceptWorld, ConceptWorldConfig, make_world
 from cbcert.io import checkpoint
-from cbcert.models.world_nets import HEADS, NetConfig, WorldClassifiers
+from cbcert.models.world_classifiers import HEADS, NetConfig, WorldClassifiers
 from cbcert.schema import shorten
-from cbcert.worlds.world import World
+from cbcert.worlds.world import ClassRule, World
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"  # shipped with the package, read only
 KIND = "world-classifiers"
@@ -139,13 +141,13 @@ def load_builtin(preset: str = "default", weights: str | Path | None = None) -> 
         where = path if weights is not None else f"{user_path(preset)} or {shipped_path(preset)}"
         raise checkpoint.CheckpointError(
             f"no trained weights for world preset {preset!r} at {where}; "
-            f"train them with `certify train world --preset {preset}`"
+            f"train them with `certify train world` (preset {preset!r})"
         )
     manifest = checkpoint.read_manifest(path)
     if manifest.get("kind") != KIND:
         raise checkpoint.CheckpointError(
             f"{path}: kind={shorten(repr(manifest.get('kind')), 80)}, not {KIND!r}; "
-            f"train world weights with `certify train world --preset {preset}`"
+            f"train world weights with `certify train world` (preset {preset!r})"
         )
     trained_for = manifest.get("world_config")
     if trained_for != _config_dict(config):
@@ -222,7 +224,19 @@ def _assemble(name: str, world, graphdef, state, params, metadata: dict) -> Worl
         concept_head=concept_head_function(graphdef, state),
         prototypes=prototypes,
         prototype_head=prototype_head,
+        class_rule=class_rule(world),
     )
+
+
+def class_rule(world: ConceptWorld) -> ClassRule:
+    """The concept world's class rule: ``label`` = nearest class pattern of the state (the
+    ground truth of ``true_label``), ``defining[y] = patterns[y]`` on the ``Kc`` concepts the
+    patterns cover (``patterns``: ``[C, Kc]``, Kc ≤ K), False on the rest."""
+    patterns = np.asarray(world.params["patterns"], bool)  # [C, Kc]
+    defining = np.zeros((len(patterns), world.config.num_concepts), bool)  # [C, K]
+    defining[:, : patterns.shape[1]] = patterns
+    return ClassRule(label=functools.partial(world.label_of_concepts, world.params),
+                     defining=defining)
 
 
 def _config_dict(config) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cbcert.schema import ConfigError
 from cbcert.worlds.world import World
 
 
@@ -26,15 +27,18 @@ def load_world(name: str, *, classifier: str | Path | None = None,
 
     Raises:
       ValueError: naming the preset, file or key at fault (missing weights, a damaged
-        world.json, bad images, …).
+        world.json, bad images, …); a `ConfigError` carries the setting's key: ``classifier``
+        or ``normalize`` (pixels worlds), or the world.json key at fault (world directories,
+        `cbcert.worlds.manifest`).
     """
     if name.startswith("pixels:"):
         from cbcert.worlds.pixels import load_pixel_world
 
         return load_pixel_world(name.removeprefix("pixels:"), classifier, normalize)
     if classifier is not None:
-        raise ValueError(f"classifier={classifier!s} applies to pixels:IMAGES worlds only; "
-                         f"{name!r} brings its own classifiers")
+        raise ConfigError(f"classifier={classifier!s} applies to pixels:IMAGES worlds only; "
+                          f"{name!r} brings its own classifiers", key="classifier",
+                          value=str(classifier), allowed="None for this world")
     if Path(name).is_dir():
         from cbcert.worlds.directory import load_world_dir
 

@@ -74,7 +74,7 @@ import jax
 import jax.numpy as jnp
 
 from cbcert.generators.base import MAX_CLASSES
-from cbcert.schema import short_repr, shorten
+from cbcert.schema import ConfigError, short_repr, shorten
 
 MANIFEST = "world.json"
 FORMAT_VERSION = 1
@@ -149,20 +149,34 @@ def where(section: str, key: str) -> str:
     return f"{MANIFEST}: {section}.{key}" if section else f"{MANIFEST}: {key}"
 
 
+def invalid(key: str, message: str, value: Any = None, allowed: str | None = None
+            ) -> ConfigError:
+    """A bad world directory: `ConfigError` whose ``key`` is the world.json key at fault,
+    dotted (``generator.class_index``, ``classifiers.std``), or ``world`` for the directory or
+    the file as a whole; ``message`` names the file and the key (front ends add no label)."""
+    return ConfigError(message, key=key, value=value, allowed=allowed)
+
+
+def _dotted(section: str, key: str) -> str:
+    return f"{section}.{key}" if section else key
+
+
 def _check_keys(section: str, value: Any, required: set[str], optional: set[str]) -> dict:
-    """The section as a dict; ValueError naming any unknown or missing key."""
+    """The section as a dict; `ConfigError` (`invalid`) naming any unknown or missing key."""
     label = section or "top level"
     if not isinstance(value, Mapping):
-        raise ValueError(f"{MANIFEST}: {label} must be an object, got {type(value).__name__}")
+        raise invalid(section or "world", f"{MANIFEST}: {label} must be an object, got "
+                      f"{type(value).__name__}", short_repr(value), "an object")
     allowed = required | optional
     unknown = sorted(set(value) - allowed)
     if unknown:
-        raise ValueError(f"{MANIFEST}: unknown key {unknown[0]!r} in {label} "
-                         f"(allowed: {', '.join(sorted(allowed))})")
+        raise invalid(_dotted(section, unknown[0]), f"{MANIFEST}: unknown key {unknown[0]!r} in "
+                      f"{label} (allowed: {', '.join(sorted(allowed))})",
+                      allowed=", ".join(sorted(allowed)))
     missing = sorted(required - set(value))
     if missing:
-        raise ValueError(f"{MANIFEST}: missing key {missing[0]!r} in {label} "
-                         f"(required: {', '.join(sorted(required))})")
+        raise invalid(_dotted(section, missing[0]), f"{MANIFEST}: missing key {missing[0]!r} in "
+                      f"{label} (required: {', '.join(sorted(required))})")
     return dict(value)
 
 
@@ -171,19 +185,21 @@ def _one_source(section: str, value: dict, files: set[str], file_options: set[st
     """Whether the section names a ``converted`` directory (True) or its upstream ``files``.
 
     Raises:
-      ValueError: ``converted`` beside a file or one of its ``file_options``, or neither
+      ConfigError: ``converted`` beside a file or one of its ``file_options``, or neither
         ``converted`` nor every file (naming the first key concerned).
     """
     if CONVERTED in value:
         mixed = sorted((files | file_options) & set(value))
         if mixed:
-            raise ValueError(f"{MANIFEST}: {section} has both {CONVERTED!r} and {mixed[0]!r}; "
-                             f"name either the converted directory or the upstream files")
+            raise invalid(_dotted(section, mixed[0]), f"{MANIFEST}: {section} has both "
+                          f"{CONVERTED!r} and {mixed[0]!r}; name either the converted directory "
+                          "or the upstream files")
         return True
     missing = sorted(files - set(value))
     if missing:
-        raise ValueError(f"{MANIFEST}: missing key {missing[0]!r} in {section} (required: "
-                         f"{', '.join(sorted(files))}; or {CONVERTED!r}, a converted directory)")
+        raise invalid(_dotted(section, missing[0]), f"{MANIFEST}: missing key {missing[0]!r} in "
+                      f"{section} (required: {', '.join(sorted(files))}; or {CONVERTED!r}, a "
+                      "converted directory)")
     return False
 
 
@@ -194,19 +210,22 @@ def _file(root: Path, section: str, key: str, value: Any, directory: bool = Fals
     (a manifest from elsewhere cannot reach ``../../home/...``). Symbolic links the directory
     itself contains are followed, so large checkpoints can be linked in rather than copied.
     """
+    at, relative = _dotted(section, key), "a path relative to the world directory, inside it"
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{where(section, key)}={value!r}; expected a path relative to {root}")
+        raise invalid(at, f"{where(section, key)}={value!r}; expected a path relative to {root}",
+                      value, relative)
     if Path(value).is_absolute():
-        raise ValueError(f"{where(section, key)}={value!r}; paths must be relative to the "
-                         "world directory so that it can be moved")
+        raise invalid(at, f"{where(section, key)}={value!r}; paths must be relative to the "
+                      "world directory so that it can be moved", value, relative)
     if ".." in Path(value).parts:
-        raise ValueError(f"{where(section, key)}={value!r}; paths must stay inside the world "
-                         "directory ('..' is not allowed)")
+        raise invalid(at, f"{where(section, key)}={value!r}; paths must stay inside the world "
+                      "directory ('..' is not allowed)", value, relative)
     path = (root / value).resolve()
     exists = path.is_dir() if directory else path.is_file()
     if not exists:
         kind = "directory" if directory else "file"
-        raise ValueError(f"{where(section, key)}={value!r}: no such {kind} {path}")
+        raise invalid(at, f"{where(section, key)}={value!r}: no such {kind} {path}", value,
+                      f"an existing {kind}")
     return path
 
 
@@ -215,14 +234,16 @@ def _number(section: str, key: str, value: Any, low: float, high: float,
     ok = (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
           and (value > low if low_open else value >= low) and value <= high)
     if not ok:
-        bracket = "(" if low_open else "["
-        raise ValueError(f"{where(section, key)}={value!r}; allowed: {bracket}{low}, {high}]")
+        allowed = f"{'(' if low_open else '['}{low}, {high}]"
+        raise invalid(_dotted(section, key), f"{where(section, key)}={value!r}; allowed: "
+                      f"{allowed}", value, allowed)
     return float(value)
 
 
 def _integer(section: str, key: str, value: Any, low: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{where(section, key)}={value!r}; allowed: integers >= {low}")
+        raise invalid(_dotted(section, key), f"{where(section, key)}={value!r}; allowed: "
+                      f"integers >= {low}", value, f"integers >= {low}")
     return value
 
 
@@ -232,9 +253,10 @@ def _class_index(value: Any) -> int | tuple[int, ...]:
     bound is checked against the network once loaded."""
     if isinstance(value, list):
         if not 0 < len(value) <= MAX_CLASSES or len(set(map(repr, value))) != len(value):
-            raise ValueError(f"{where('generator', 'class_index')}={shorten(repr(value), 80)}; "
-                             f"allowed: an integer >= 0, or a list of 1 to {MAX_CLASSES} "
-                             "distinct ones")
+            allowed = f"an integer >= 0, or a list of 1 to {MAX_CLASSES} distinct ones"
+            raise invalid("generator.class_index", f"{where('generator', 'class_index')}="
+                          f"{shorten(repr(value), 80)}; allowed: {allowed}", short_repr(value),
+                          allowed)
         return tuple(_integer("generator", "class_index", v, 0) for v in value)
     return _integer("generator", "class_index", value, 0)
 
@@ -242,8 +264,8 @@ def _class_index(value: Any) -> int | tuple[int, ...]:
 def _parse_generator(root: Path, raw: Any) -> dict[str, Any]:
     kind = raw.get("kind") if isinstance(raw, Mapping) else None
     if kind not in _GENERATOR_KEYS:
-        raise ValueError(f"{MANIFEST}: generator.kind={kind!r}; allowed: "
-                         f"{', '.join(_GENERATOR_KEYS)}")
+        raise invalid("generator.kind", f"{MANIFEST}: generator.kind={kind!r}; allowed: "
+                      f"{', '.join(_GENERATOR_KEYS)}", kind, ", ".join(_GENERATOR_KEYS))
     always, files, file_options, options = _GENERATOR_KEYS[kind]
     section = _check_keys("generator", raw, {"kind"} | always,
                           files | file_options | options | {CONVERTED})
@@ -255,8 +277,9 @@ def _parse_generator(root: Path, raw: Any) -> dict[str, Any]:
         if CONVERTED not in source:
             network = section.get("network", "G_ema")  # checked against the pickle once read
             if not isinstance(network, str) or not network:
-                raise ValueError(f"{where('generator', 'network')}={network!r}; expected the key "
-                                 "of a generator in the pickle (e.g. 'G_ema')")
+                raise invalid("generator.network", f"{where('generator', 'network')}="
+                              f"{network!r}; expected the key of a generator in the pickle "
+                              "(e.g. 'G_ema')", network, "a non-empty string")
             source["network"] = network
         cutoff = section.get("truncation_cutoff")
         class_index = section.get("class_index")  # checked against c_dim once loaded
@@ -278,9 +301,9 @@ def _parse_generator(root: Path, raw: Any) -> dict[str, Any]:
 
 def _parse_cbae(root: Path, raw: Any, generator_kind: str) -> dict[str, Path] | None:
     if raw is None and generator_kind == "stylegan2":
-        raise ValueError(f"{MANIFEST}: missing key 'cbae'; a stylegan2 world takes its concepts "
-                         "from a CB-AE ({\"checkpoint\": ..., \"config\": ...} or "
-                         "{\"converted\": ...})")
+        raise invalid("cbae", f"{MANIFEST}: missing key 'cbae'; a stylegan2 world takes its "
+                      "concepts from a CB-AE ({\"checkpoint\": ..., \"config\": ...} or "
+                      "{\"converted\": ...})")
     if raw is None:
         return None
     if generator_kind == "stylegan2":
@@ -298,8 +321,8 @@ def _triple(key: str, value: Any, positive: bool) -> tuple[float, float, float]:
                   and (v > 0 or not positive) for v in value))
     if not ok:
         rule = "three numbers > 0" if positive else "three finite numbers"
-        raise ValueError(f"{where('preprocess', key)}={short_repr(value)}; expected {rule} "
-                         "(R, G, B)")
+        raise invalid(f"preprocess.{key}", f"{where('preprocess', key)}={short_repr(value)}; "
+                      f"expected {rule} (R, G, B)", short_repr(value), rule)
     return tuple(float(v) for v in value)
 
 
@@ -310,8 +333,9 @@ def _parse_preprocess(raw: Any) -> Preprocess:
         if not (isinstance(size, list) and len(size) == 2
                 and all(isinstance(s, int) and not isinstance(s, bool)
                         and 1 <= s <= MAX_PREPROCESS_SIDE for s in size)):
-            raise ValueError(f"{where('preprocess', 'size')}={short_repr(size)}; expected null "
-                             f"or [height, width], integers in [1, {MAX_PREPROCESS_SIDE}]")
+            allowed = f"null or [height, width], integers in [1, {MAX_PREPROCESS_SIDE}]"
+            raise invalid("preprocess.size", f"{where('preprocess', 'size')}="
+                          f"{short_repr(size)}; expected {allowed}", short_repr(size), allowed)
         size = (size[0], size[1])
     return Preprocess(size=size, mean=_triple("mean", section["mean"], False),
                       std=_triple("std", section["std"], True))
@@ -321,25 +345,29 @@ def read_manifest(path: str | Path) -> WorldSpec:
     """Parse and validate ``<path>/world.json`` (see the module docstring for the format).
 
     Raises:
-      ValueError: no manifest, invalid JSON (not UTF-8, or nested deeper than Python's
-        recursion limit), an unknown or missing key (named), a section
-        naming both a converted directory and upstream files, a value out of range, or a file
-        or directory it names that does not exist.
+      ConfigError: (`invalid`: key = the world.json key at fault, or ``world``) no manifest,
+        invalid JSON (not UTF-8, or nested deeper than Python's recursion limit), an unknown
+        or missing key (named), a section naming both a converted directory and upstream
+        files, a value out of range, or a file or directory it names that does not exist.
     """
     root = Path(path).resolve()
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():
-        raise ValueError(f"{root} has no {MANIFEST}; not a world directory")
+        raise invalid("world", f"{root} has no {MANIFEST}; not a world directory", str(root),
+                      f"a directory with a {MANIFEST}")
     try:
         raw = json.loads(manifest_path.read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{manifest_path}: not valid JSON ({shorten(str(err))})") from None
+        raise invalid("world", f"{manifest_path}: not valid JSON ({shorten(str(err))})",
+                      str(root)) from None
     except RecursionError:
-        raise ValueError(f"{manifest_path}: not valid JSON (nested too deeply)") from None
+        raise invalid("world", f"{manifest_path}: not valid JSON (nested too deeply)",
+                      str(root)) from None
     top = _check_keys("", raw, _TOP_KEYS - {"name", "cbae"}, {"name", "cbae"})
     if top["format_version"] != FORMAT_VERSION:
-        raise ValueError(f"{MANIFEST}: format_version={top['format_version']!r}; this cbcert "
-                         f"reads version {FORMAT_VERSION}")
+        raise invalid("format_version", f"{MANIFEST}: format_version="
+                      f"{top['format_version']!r}; this cbcert reads version {FORMAT_VERSION}",
+                      top["format_version"], str(FORMAT_VERSION))
     generator = _parse_generator(root, top["generator"])
     cbae = _parse_cbae(root, top.get("cbae"), generator["kind"])
     roles = _check_keys("classifiers", top["classifiers"], set(REQUIRED_ROLES),
@@ -349,11 +377,12 @@ def read_manifest(path: str | Path) -> WorldSpec:
     names = top["class_names"]
     if not (isinstance(names, list) and len(names) >= 2
             and all(isinstance(n, str) and n for n in names)):
-        raise ValueError(f"{MANIFEST}: class_names={short_repr(names)}; expected a list of >= 2 "
-                         "names")
+        raise invalid("class_names", f"{MANIFEST}: class_names={short_repr(names)}; expected a "
+                      "list of >= 2 names", short_repr(names), "a list of >= 2 names")
     name = top.get("name", root.name)
     if not isinstance(name, str) or not name:
-        raise ValueError(f"{MANIFEST}: name={short_repr(name)}; expected a non-empty string")
+        raise invalid("name", f"{MANIFEST}: name={short_repr(name)}; expected a non-empty "
+                      "string", short_repr(name), "a non-empty string")
     return WorldSpec(root=root, name=name, generator=generator, cbae=cbae,
                      classifiers=classifiers, class_names=tuple(names),
                      preprocess=_parse_preprocess(top["preprocess"]))

@@ -39,7 +39,7 @@ import numpy as np
 from cbcert.generators.base import Generator
 from cbcert.io import checkpoint
 from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, load_module, pure_apply
-from cbcert.schema import file_kind, shorten
+from cbcert.schema import ConfigError, file_kind, shorten
 from cbcert.worlds.manifest import Preprocess
 from cbcert.worlds.world import World
 
@@ -56,6 +56,8 @@ NORMALIZE = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
     "none": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
 }
+# What the classifier of a pixels world must be (ConfigError.allowed, key "classifier").
+CLASSIFIERS = "a converted torchvision resnet*/densenet* directory"
 
 
 class ImagesError(ValueError):
@@ -284,23 +286,28 @@ def load_pixel_world(images: str | Path, classifier: str | Path | None,
         applied to the (noisy) image before the classifier.
 
     Raises:
-      ImagesError / ValueError: bad images or labels (a label ``>= C``), a missing classifier
-        or one that is not a classifier, an unknown ``normalize``.
+      ImagesError: bad images or labels (a label ``>= C``).
+      ConfigError: key ``classifier`` (missing, unreadable or not a classifier) or
+        ``normalize`` (unknown statistics).
     """
     if classifier is None:
-        raise ValueError(f"a pixels world needs a classifier: a `certify convert`ed "
-                         f"resnet*/densenet* directory ({PREFIX}{images})")
+        raise ConfigError(f"a pixels world needs a classifier: a `certify convert`ed "
+                          f"resnet*/densenet* directory ({PREFIX}{images})", key="classifier",
+                          allowed=CLASSIFIERS)
     if normalize not in NORMALIZE:
-        raise ValueError(f"normalize={normalize!r}; allowed: {', '.join(NORMALIZE)}")
+        raise ConfigError(f"normalize={normalize!r}; allowed: {', '.join(NORMALIZE)}",
+                          key="normalize", value=normalize, allowed=", ".join(NORMALIZE))
     x, y = read_images(images)
     try:
         module, manifest = load_module(classifier)
     except checkpoint.CheckpointError as err:
-        raise ValueError(f"classifier: {err}") from None
+        raise ConfigError(f"classifier: {err}", key="classifier", value=str(classifier),
+                          allowed=CLASSIFIERS) from None
     if manifest["kind"] not in (*RESNET_NAMES, *DENSENET_NAMES):
-        raise ValueError(f"classifier {shorten(str(classifier))} is kind="
-                         f"{shorten(repr(manifest['kind']), 80)}; a pixels world needs a "
-                         "converted torchvision resnet*/densenet*")
+        raise ConfigError(f"classifier {shorten(str(classifier))} is kind="
+                          f"{shorten(repr(manifest['kind']), 80)}; a pixels world needs a "
+                          "converted torchvision resnet*/densenet*", key="classifier",
+                          value=str(classifier), allowed=CLASSIFIERS)
     apply_fn, params = pure_apply(module)
     embed_fn, _ = pure_apply(module, lambda m, v: m.embed(v))
     num_classes = int(manifest["config"]["num_classes"])

@@ -14,12 +14,30 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cbcert.engine.noise import restrict
 from cbcert.generators.base import Generator
 from cbcert.schema import ConfigError
 
 Params = Any
+
+
+@dataclass(frozen=True, eq=False)
+class ClassRule:
+    """The rule by which a world's concepts decide its class (its ground truth), for worlds
+    that know it (the built-in concept worlds): what explanations are scored against.
+
+    Attributes:
+      label: ``(state bool[..., K]) -> int32[...]``, the class the rule gives a concept state
+        ``C(c)`` (built-in worlds: the nearest class pattern in Hamming distance over the
+        concepts the rule reads, `cbcert.generators.concept_world.label_of`).
+      defining: ``bool[C, K]``; ``defining[y, i]``: concept i is read by the rule and on in
+        class y's pattern (concepts the rule does not read: False in every row).
+    """
+
+    label: Callable[[jax.Array], jax.Array]
+    defining: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,6 +70,9 @@ class World:
       prototype_head: ``(classifier_params) -> (W[C, P], owner[P])``, the prototype network's
         class readout (``proto`` logits ``= s Wᵀ``) and the class each prototype belongs to:
         prototype contributions ``s_j · W[y, j]``; None where not exposed.
+      class_rule: the `ClassRule` deciding the class from the concepts (known-answer scores
+        and counterfactuals of explanations); None where the world does not know it (world
+        directories, pixels).
     """
 
     name: str
@@ -68,6 +89,7 @@ class World:
     concept_head: Callable[[Params], tuple[jax.Array, jax.Array]] | None = None
     prototypes: Callable[[Params, jax.Array], jax.Array] | None = None
     prototype_head: Callable[[Params], tuple[jax.Array, jax.Array]] | None = None
+    class_rule: ClassRule | None = None
 
     @property
     def num_classes(self) -> int:

@@ -35,7 +35,7 @@ from flax import nnx
 
 from cbcert.generators.concept_world import ConceptWorld, make_world
 from cbcert.io.registry import save_module
-from cbcert.models.world_nets import NetConfig, WorldClassifiers
+from cbcert.models.world_classifiers import NetConfig, WorldClassifiers
 
 
 @dataclass(frozen=True)
@@ -339,7 +339,7 @@ def _push(world, graphdef, state, params, config: TrainConfig, key):
 
 def evaluate(world: ConceptWorld, graphdef, state, params, key, n: int) -> dict:
     """Clean accuracy of every head and PCBM concept accuracy on ``n`` held-out samples."""
-    from cbcert.models.world_nets import HEADS
+    from cbcert.models.world_classifiers import HEADS
 
     _, x, c, y = _data(world, key, n)
 

@@ -1,0 +1,44 @@
+"""The report's plotting helpers: matplotlib on the Agg backend (no display), saving a figure,
+and drawing a list of planned figures. Every figure module builds on these; this module
+imports no other figure module, so the figure modules never import each other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend, imported on first use (``import cbcert.report``
+    stays free of matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` (PNG at 120 dpi), close it; returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+    return path
+
+
+def draw_plans(plans: Sequence[tuple[str, Callable[[Path], Path | None]]], out: Path,
+               log: Callable[[str], None], why: str) -> list[Path]:
+    """Draw each ``(file name, draw)`` plan into ``out``; the written paths, in order. A draw
+    that returns None (no data) is noted as ``skipped <name> (<why>)``."""
+    written = []
+    for name, draw in plans:
+        path = draw(out / name)
+        if path is None:
+            log(f"note: skipped {name} ({why})")
+        else:
+            written.append(path)
+    return written
+
+
+__all__ = ["draw_plans", "pyplot", "save"]
