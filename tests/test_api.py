@@ -25,7 +25,9 @@ from cbcert.runs.directory import RECORDS
 from cbcert.runs.pool import agreement_pool, space_inputs
 from cbcert.schema import ConfigError
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+API_PAGE = ROOT / "docs" / "api.md"
 
 
 def test_module_doctests_run():
@@ -34,8 +36,15 @@ def test_module_doctests_run():
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
 
+def test_api_page_runs_as_a_doctest():
+    """The Python API page is a doctest (every ``>>>`` line in docs/api.md)."""
+    assert API_PAGE.read_text().count(">>> ") >= 5
+    result = doctest.testfile(str(API_PAGE), module_relative=False)
+    assert result.attempted >= 5 and result.failed == 0
+
+
 def test_readme_api_example_runs_as_a_doctest():
-    """The README's Python API section is a doctest (every ``>>>`` line in README.md)."""
+    """The README's ten-line API example is a doctest (every ``>>>`` line in README.md)."""
     assert README.read_text().count(">>> ") >= 5
     result = doctest.testfile(str(README), module_relative=False)
     assert result.attempted >= 5 and result.failed == 0
@@ -272,8 +281,11 @@ def test_api_and_cli_give_identical_records(tmp_path, command, flags, kind, scal
     assert any(r["radius"] is not None for r in records)  # something was certified
 
 
-def test_readme_python_section_names_only_public_api():
-    """The README example imports nothing private (what users copy must stay supported)."""
-    section = README.read_text().split("## Python API", 1)[1].split("\n## ", 1)[0]
-    for line in re.findall(r">>> (.*)", section):
-        assert "._" not in line and "cbcert.runs" not in line, line
+def test_api_examples_name_only_public_api():
+    """The API page's and the README's examples import nothing private (what users copy must
+    stay supported)."""
+    for page in (API_PAGE, README):
+        lines = re.findall(r">>> (.*)", page.read_text())
+        assert len(lines) >= 5, page
+        for line in lines:
+            assert "._" not in line and "cbcert.runs" not in line, (page.name, line)

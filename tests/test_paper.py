@@ -1,4 +1,4 @@
-"""configs/paper.yaml: the whole method from one command, at reduced sizes, and the README's
+"""configs/paper.yaml: the whole method from one command, at reduced sizes, and docs/paper.md's
 table mapping the method's tables and figures to report files, checked both ways: every mapped
 file is written, and every file the report writes is mapped."""
 
@@ -12,12 +12,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def mapped_patterns() -> list[str]:
-    """The file patterns of the README's paper map (``<world>``, ``<cell>`` placeholders)."""
-    text = (ROOT / "README.md").read_text()
+    """The file patterns of docs/paper.md's paper map (``<world>``, ``<cell>`` placeholders)."""
+    text = (ROOT / "docs" / "paper.md").read_text()
     block = text.split("<!-- paper-map")[1].split("<!-- /paper-map -->")[0]
     rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line]
     patterns = [p for row in rows[1:] for p in re.findall(r"`([^`]+)`", row.split(" | ")[1])]
-    assert patterns, "the README paper map is empty"
+    assert patterns, "the paper map of docs/paper.md is empty"
     # Paths only: the vocabulary row names a family value and files by glob.
     return [p for p in patterns if "/" in p and "*" not in p]
 
@@ -45,11 +45,11 @@ def test_every_mapped_file_is_written_and_every_written_file_is_mapped(paper_run
     for pattern in patterns:
         regex = _regex(pattern)
         hits = [w for w in written if regex.fullmatch(w)]
-        assert hits, f"README maps {pattern} but the report wrote no such file"
+        assert hits, f"docs/paper.md maps {pattern} but the report wrote no such file"
         if "<world>" in pattern:  # every world writes it
             assert {h.split("/")[0] for h in hits} == set(worlds), pattern
     unmapped = [w for w in written if not any(_regex(p).fullmatch(w) for p in patterns)]
-    assert not unmapped, f"report files missing from the README paper map: {unmapped}"
+    assert not unmapped, f"report files missing from the paper map of docs/paper.md: {unmapped}"
 
 
 def test_vocabulary_rows_are_in_the_stacked_tables(paper_run):

@@ -1,4 +1,4 @@
-"""The reproducibility guarantee (README, "Reproducibility") on another CPU's kernels.
+"""The reproducibility guarantee (docs/reproducibility.md) on another CPU's kernels.
 
 XLA and oneDNN pick vector kernels by the CPU's instruction set and by the array shapes, so a
 float32 result may change in its last bits from an AVX-512 CPU to an AVX2 one. Tests that compare

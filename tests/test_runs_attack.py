@@ -269,7 +269,7 @@ def test_explanations_at_the_clean_and_the_adversarial_point(tmp_path):
 
 def _assert_agree_up_to_rounding(a: list[dict], b: list[dict], world, job) -> None:
     """Records of one attack run at two batch or chunk shapes: every decision identical, the
-    two float fields within float32 error (README, "Reproducibility").
+    two float fields within float32 error (docs/reproducibility.md).
 
     APGD's gradient comes from matmuls over the batch, whose float32 rounding XLA's CPU kernels
     choose by shape and ISA (on AVX-512 a row's logits and its adversarial point differ in the

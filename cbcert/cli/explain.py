@@ -56,7 +56,7 @@ def _default(name: str):
               help="Output directory (default results/explain-seed<seed>).")
 @click.option("--export", "export_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Also write the clean explanations as JSON for an external "
-                                 "judge (format in the README).")
+                                 "judge (format in docs/commands.md).")
 @common.memory_options
 @click.option("--quiet", "-q", is_flag=True, help="No table.")
 def explain(models: str, num_inputs: int, eps: float, tau: int, sigma: float,

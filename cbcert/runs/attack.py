@@ -102,7 +102,7 @@ class AttackJob:
       models: models attacked, each on its own.
       seed: root seed; num_inputs: inputs attacked (agreement set, pool order).
       batch: inputs per APGD call (unit of progress and of resumption); records do not depend
-        on it beyond float32 rounding (README, "Reproducibility"), so ``run.json`` records it
+        on it beyond float32 rounding (docs/reproducibility.md), so ``run.json`` records it
         but a rerun may change it.
       explain: record the explaining models' explanations at the clean and the adversarial
         point (base attacks; module docstring).

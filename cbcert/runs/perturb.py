@@ -27,7 +27,7 @@ exactly the distribution of SPEC §1. σ and ρ budgets draw sample j from
 latent --sigma σ`` / ``certify concept --rho ρ`` with the same seed, so their PFR is the
 fraction of the certificate's own noisy samples that leave the clean prediction. Records depend
 only on ``(seed, i, j)`` (their float32 ``dfs`` also, up to rounding, on the batch and chunk an
-input falls in: README, "Reproducibility"), so a resumed run writes the same records and summary
+input falls in: docs/reproducibility.md), so a resumed run writes the same records and summary
 as an uninterrupted one, bit for bit with the same ``batch``.
 
 Size: ~420 lines: the job, its budgets, the run loop with resumption, records and the summary
@@ -85,7 +85,7 @@ class PerturbJob:
       num_inputs: M agreement inputs perturbed (the subsets are drawn among them), >= n;
         0 means the default 2 n, so that subsets overlap by about half.
       batch: inputs per engine call (unit of progress and resumption); records do not depend
-        on it beyond float32 rounding (README, "Reproducibility"), so ``run.json`` records it
+        on it beyond float32 rounding (docs/reproducibility.md), so ``run.json`` records it
         but a rerun may change it.
       explain: also record cbm/cbmh/proto explanations, clean and perturbed, and report their
         stability (`cbcert.runs.explanations`); off by default (larger records).
