@@ -22,6 +22,17 @@ def check_alpha(alpha: float, name: str = "alpha") -> float:
     return value
 
 
+def check_probability(p: np.ndarray | float, name: str) -> np.ndarray:
+    """Return ``p`` as a float64 array after checking every entry lies in [0, 1]."""
+    arr = np.asarray(p, dtype=np.float64)
+    bad = ~((arr >= 0.0) & (arr <= 1.0))
+    if np.any(bad):
+        raise ValueError(
+            f"{name}={arr[bad].flat[0].item()!r} is not a probability; allowed range [0, 1]"
+        )
+    return arr
+
+
 def check_counts(
     successes: np.ndarray | int, trials: np.ndarray | int
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from cbcert.certify.l2 import check_probability
+from cbcert.certify.bounds import check_probability
 
 _LOG_HALF = np.log(0.5)
 # Certify only when L_Δ beats the bound by this much in log space (relative 1e-9 on the

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from cbcert.certify.bounds import check_probability
+
 
 def check_sigma(sigma: float) -> float:
     """Return ``sigma`` as a float after checking it is finite and positive."""
@@ -23,17 +25,6 @@ def check_sigma(sigma: float) -> float:
     if not (np.isfinite(value) and value > 0.0):
         raise ValueError(f"sigma={sigma} is invalid; allowed range is finite sigma > 0")
     return value
-
-
-def check_probability(p: np.ndarray | float, name: str) -> np.ndarray:
-    """Return ``p`` as a float64 array after checking every entry lies in [0, 1]."""
-    arr = np.asarray(p, dtype=np.float64)
-    bad = ~((arr >= 0.0) & (arr <= 1.0))
-    if np.any(bad):
-        raise ValueError(
-            f"{name}={arr[bad].flat[0].item()!r} is not a probability; allowed range [0, 1]"
-        )
-    return arr
 
 
 def l2_radius(p_lower: np.ndarray | float, sigma: float) -> np.ndarray:
