@@ -82,6 +82,26 @@ def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def test_cells_take_their_kind_from_run_json_and_old_cells_by_their_layout(run_dir):
+    found = {c.name: c.kind for c in cells.find_cells(run_dir, log=lambda s: None)}
+    assert found == {"latent-sigma0.25": "certify", "latent-sigma0.5": "certify",
+                     "perturb": "perturb", "attack-latent": "attack"}
+    # The runners name the kind; the attack cell was written as before run.json named it.
+    kinds = {name: json.loads((run_dir / name / "run.json").read_text()).get("kind")
+             for name in found}
+    assert kinds == {**found, "attack-latent": None}
+
+
+def test_the_kind_written_in_run_json_decides_over_the_layout(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"kind": "classes", "job": {"noise": "x"}}))
+    (tmp_path / "summary.json").write_text("{}")
+    (cell,) = cells.find_cells(tmp_path, log=lambda s: None)
+    assert cell.kind == "classes"
+    (tmp_path / "run.json").write_text(json.dumps({"kind": "sample"}))
+    with pytest.raises(cells.DamagedFileError, match="run.json: unknown kind 'sample'"):
+        cells.find_cells(tmp_path, log=lambda s: None)
+
+
 def test_certification_table_matches_records(run_dir, written):
     rows = _csv(run_dir, "certification_latent")
     assert [(r["cell"], r["model"]) for r in rows] == [

@@ -56,6 +56,7 @@ def test_classes_cell_writes_the_summary_once_and_pins_its_settings(tmp_path, mo
     assert summary == class_distances(world, samples=40, seed=1)
     assert json.loads((out / SUMMARY).read_text()) == summary
     assert json.loads((out / RUN).read_text())["classes"] == {"samples": 40, "seed": 1}
+    assert json.loads((out / RUN).read_text())["kind"] == summary.kind == "classes"
     monkeypatch.setattr(classes, "class_distances", lambda *a, **k: pytest.fail("recomputed"))
     assert classes.run(world, classes.ClassesJob(samples=40, seed=1), out) == summary
     with pytest.raises(RunMismatchError, match="different settings"):

@@ -7,12 +7,15 @@ import pytest
 
 from cbcert.runs import directory
 from cbcert.runs.directory import (
+    KINDS,
     RecordsError,
     RunDirError,
     RunMismatchError,
+    RunSummary,
     check_writable,
     open_run,
     read_records,
+    run_kind,
     write_json,
 )
 from cbcert.schema import value_name
@@ -85,6 +88,49 @@ def test_settings_left_free_are_recorded_but_not_compared(tmp_path):
     assert json.loads((tmp_path / "run.json").read_text()) == meta
     with pytest.raises(RunMismatchError, match="job.n = 200 there, 201 now"):
         open_run(tmp_path, {**meta, "job": {"n": 201, "batch": 3}}, free=("job.batch",))
+
+
+def test_run_json_names_its_kind_first_and_a_rerun_of_another_kind_is_refused(tmp_path):
+    meta = {"job": {"n": 200}, "world": "w"}
+    open_run(tmp_path, meta, {"versions": {}}, kind="attack")
+    written = json.loads((tmp_path / "run.json").read_text())
+    assert list(written) == ["kind", "job", "world", "versions"]
+    assert written["kind"] == "attack" and run_kind(written) == "attack"
+    open_run(tmp_path, meta, kind="attack")  # the same kind and settings resume
+    with pytest.raises(RunMismatchError, match="holds a 'attack' run, not a certify run"):
+        open_run(tmp_path, meta, kind="certify")
+
+
+def test_a_directory_from_before_run_json_named_its_kind_still_resumes(tmp_path):
+    meta = {"job": {"noise": "gaussian", "n": 200}, "world": "w"}
+    (tmp_path / "run.json").write_text(json.dumps(meta))
+    open_run(tmp_path, meta, kind="certify")  # no "kind" there: its settings decide
+    assert json.loads((tmp_path / "run.json").read_text()) == meta  # left as it was
+    with pytest.raises(RunMismatchError, match="job.n = 200 there, 100 now"):
+        open_run(tmp_path, {"job": {"noise": "gaussian", "n": 100}, "world": "w"},
+                 kind="certify")
+
+
+def test_the_kind_is_read_from_run_json_or_told_by_an_old_layout():
+    for kind in KINDS:  # the kind written wins over any layout
+        assert run_kind({"kind": kind, "settings": {}}) == kind
+    old = {"explain": {"explain": {}}, "perturb": {"settings": {}}, "classes": {"classes": {}},
+           "certify": {"job": {"noise": "gaussian"}},
+           "attack": {"job": {"eps": [0.1], "space": "latent"}}}
+    for kind, run in old.items():
+        assert run_kind({**run, "world": "w"}) == kind
+    with pytest.raises(ValueError, match="unknown kind 'sample'"):
+        run_kind({"kind": "sample"})
+    with pytest.raises(ValueError, match="unknown layout"):
+        run_kind({"job": [1]})
+
+
+def test_a_run_summary_reads_as_the_summary_it_wrote():
+    result = RunSummary("perturb", {"budgets": [], "pool": {}}, {"rows": ()})
+    assert result == {"budgets": [], "pool": {}} and dict(result) == result.summary
+    assert result["budgets"] == [] and "pool" in result and len(result) == 2
+    assert result.kind == "perturb" and result.extras["rows"] == ()
+    assert RunSummary("classes", {"a": 1}).extras == {}
 
 
 def test_strict_json_refuses_nan_and_infinity(tmp_path):

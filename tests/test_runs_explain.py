@@ -33,7 +33,7 @@ def finished(world, tmp_path_factory):
     result = run(world, JOB, out, chunk_size=64)
     assert not (out / FIGURE).exists()  # runs never draw: the CLI draws what they return
     cli_explain.draw_figure(result, out)
-    return out, result.summary, result.figure
+    return out, result.summary, result.extras["figure"]
 
 
 def _records(out):
@@ -112,7 +112,7 @@ def test_cited_prototypes_are_certified_under_negligible_noise(world, tmp_path):
     job = ExplainJob(models=("proto",), num_inputs=4, sigma=1e-4, n0=10, n=32, figure_inputs=0,
                      seed=2)
     result = run(world, job, tmp_path / "p", chunk_size=64)
-    assert result.figure is None  # figure_inputs=0
+    assert result.extras["figure"] is None  # figure_inputs=0
     records = _records(tmp_path / "p")
     assert len(records) == 4 and all(r["all_certified"] for r in records)
     assert all(c["cited_under_noise"] for r in records for c in r["certified"])

@@ -20,9 +20,8 @@ from cbcert.concepts import concept_state
 from cbcert.engine.keys import Stream, sample_key, stream_key
 from cbcert.engine.noise import SphereShift
 from cbcert.robustness import protocol
-from cbcert.runs.directory import RUN, RunMismatchError
+from cbcert.runs.directory import RUN, SUMMARY, RunMismatchError
 from cbcert.runs.perturb import (
-    SUMMARY,
     PerturbJob,
     observer,
     run,
@@ -52,7 +51,7 @@ def _lines(path):
 
 
 def _row(result, kind, value):
-    (row,) = [r for r in result.rows if (r.kind, r.value) == (kind, value)]
+    (row,) = [r for r in result.extras["rows"] if (r.kind, r.value) == (kind, value)]
     return row
 
 
@@ -69,8 +68,8 @@ def test_tiny_eps_flips_no_prediction(finished):
 def test_identical_models_have_zero_differences(finished):
     # std and cbm of the untrained world are the same function, so their flips coincide.
     out, result = finished
-    assert len(result.rows) == 4
-    for row in result.rows:
+    assert len(result.extras["rows"]) == 4
+    for row in result.extras["rows"]:
         assert row.pfr["std"] == row.pfr["cbm"]
         (std_cbm,) = [c for c in row.comparisons if c.model_b == "cbm"]
         assert (std_cbm.delta.mean, std_cbm.delta.sd, std_cbm.pvalue, std_cbm.pvalue_holm) == (
@@ -132,7 +131,7 @@ def test_summary_file_matches_rows(finished):
     out, result = finished
     summary = json.loads((out / SUMMARY).read_text())
     assert summary == result.summary
-    assert summary["budgets"] == [row.to_dict() for row in result.rows]
+    assert summary["budgets"] == [row.to_dict() for row in result.extras["rows"]]
     assert summary["pool"] == {"agreement_inputs": 12, "pool_size": 256}
     assert summary["settings"]["eps"] == [1e-6, 0.5]
 
@@ -279,7 +278,7 @@ def test_smoothing_budgets_flip_exactly_the_certificates_estimation_samples(worl
     job = PerturbJob(eps=(), tau=(), sigma=(0.5,), rho=(0.3,), models=("std", "cbm"), seed=4,
                      samples=6, num_subsets=2, subset_size=4, num_inputs=5, batch=5)
     result = run(world, job, tmp_path / "run", chunk_size=CHUNK)
-    assert [(r.kind, r.value) for r in result.rows] == [("sigma", 0.5), ("rho", 0.3)]
+    assert [(r.kind, r.value) for r in result.extras["rows"]] == [("sigma", 0.5), ("rho", 0.3)]
     summary = json.loads((tmp_path / "run" / SUMMARY).read_text())
     assert summary["settings"]["sigma"] == [0.5] and summary["settings"]["rho"] == [0.3]
     pool = agreement_pool(world, 4, 5)

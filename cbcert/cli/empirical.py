@@ -119,7 +119,7 @@ def _print_perturb(result, job: PerturbJob, world, out: Path) -> None:
               "sigma": "smoothing noise: z̃ = z + σ·N(0, I)",
               "rho": "smoothing noise: each concept flipped with probability ρ"}
     for kind, title in titles.items():
-        rows = [row for row in result.rows if row.kind == kind]
+        rows = [row for row in result.extras["rows"] if row.kind == kind]
         if not rows:
             continue
         headers, body = table_cells(rows)
@@ -131,7 +131,7 @@ def _print_perturb(result, job: PerturbJob, world, out: Path) -> None:
         common.console.print(table)
     if "explanations" in result.summary:
         _print_explanations(result.summary["explanations"], world)
-    tests = sum(len(row.comparisons) for row in result.rows)
+    tests = sum(len(row.comparisons) for row in result.extras["rows"])
     common.console.print(
         f"mean ± sd over {job.num_subsets} subsets of {job.subset_size} of "
         f"{job.num_inputs} agreement inputs, {job.samples} perturbation(s) each; "

@@ -96,13 +96,14 @@ def explain(models: str, num_inputs: int, eps: float, tau: int, sigma: float,
 
 
 def draw_figure(result, out: Path) -> None:
-    """Draw an explain run's figure (`cbcert.runs.explain.ExplainResult`) as ``out/explain.png``;
-    nothing when the run drew no inputs (``--figure-inputs 0``)."""
+    """Draw an explain run's figure (its `RunSummary`'s ``extras["figure"]``, a
+    `cbcert.runs.explain.ExplanationFigure`) as ``out/explain.png``; nothing when the run drew
+    no inputs (``--figure-inputs 0``)."""
     from cbcert.report.explain import draw_explanations
     from cbcert.runs.explain import FIGURE
 
-    if result.figure is not None:
-        figure = result.figure
+    figure = result.extras["figure"]
+    if figure is not None:
         draw_explanations(figure.rows, figure.titles, figure.model, out / FIGURE)
 
 

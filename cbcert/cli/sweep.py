@@ -9,7 +9,7 @@ import click
 from cbcert.cli import common
 from cbcert.cli.distributed import distributed_options
 from cbcert.cli.progress import bars
-from cbcert.runs.directory import RunDirError
+from cbcert.runs.directory import MANIFEST, RunDirError
 from cbcert.schema import ConfigError
 
 
@@ -116,7 +116,7 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
                              f"cells); certify sweep {config_path} --out {out} --status "
                              "shows the others")
     elif not quiet:
-        common.console.print(f"sweep finished; manifest in {out / sweep.MANIFEST}; "
+        common.console.print(f"sweep finished; manifest in {out / MANIFEST}; "
                              f"tables and figures: certify report {out}")
 
 

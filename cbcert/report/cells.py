@@ -12,12 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from cbcert.runs.directory import RUN, SUMMARY, RecordsError, read_json
+from cbcert.runs.directory import MANIFEST, RUN, SUMMARY, Kind, RecordsError, read_json, run_kind
 from cbcert.schema import short_repr
-
-MANIFEST = "manifest.json"
 
 
 class ReportError(ValueError):
@@ -70,32 +68,16 @@ class CellResult:
 
     Attributes:
       name: directory name (the sweep's cell name).
-      kind: ``certify``, ``perturb``, ``attack``, ``classes`` or ``explain`` (read from
-        ``run.json``).
+      kind: ``certify``, ``perturb``, ``attack``, ``classes`` or ``explain`` (``run.json``'s
+        ``"kind"``, or its layout in a directory written before it named its kind:
+        `cbcert.runs.directory.run_kind`).
       run: the parsed ``run.json``; summary: the parsed ``summary.json``.
     """
 
     name: str
-    kind: Literal["certify", "perturb", "attack", "classes", "explain"]
+    kind: Kind
     run: dict[str, Any]
     summary: dict[str, Any]
-
-
-def cell_kind(run: dict[str, Any]) -> str:
-    """Which runner wrote a ``run.json``: perturb pins ``settings``, classes and explain their
-    own key, the others a ``job``."""
-    if "explain" in run:
-        return "explain"
-    if "settings" in run:
-        return "perturb"
-    if "classes" in run:
-        return "classes"
-    job = run.get("job", {})
-    if isinstance(job, dict) and "noise" in job:
-        return "certify"
-    if isinstance(job, dict) and "eps" in job and "space" in job:
-        return "attack"
-    raise ReportError(f"run.json with unknown layout (keys {short_repr(sorted(run))})")
 
 
 def find_cells(run_dir: str | Path, log: Callable[[str], None] = print) -> tuple[CellResult, ...]:
@@ -125,8 +107,8 @@ def find_cells(run_dir: str | Path, log: Callable[[str], None] = print) -> tuple
             continue
         run = read_object(d / RUN)
         try:
-            kind = cell_kind(run)
-        except ReportError as err:
+            kind = run_kind(run)
+        except ValueError as err:
             raise DamagedFileError(f"{d / RUN}: {err}") from None
         cells.append(CellResult(d.name, kind, run, read_object(d / SUMMARY)))
     if not cells:

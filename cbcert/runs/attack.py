@@ -65,20 +65,15 @@ from cbcert.runs.attacker import Attacker
 from cbcert.runs.budgets import observer
 from cbcert.runs.certify import check_models
 from cbcert.runs.directory import (
-    RECORDS,
-    SUMMARY,
-    append_records,
+    RunSummary,
     check_field,
     check_types,
-    check_writable,
     finite_or_none,
     json_line,
-    open_run_dir,
     read_records,
-    write_json,
 )
-from cbcert.runs.lock import hold
 from cbcert.runs.pool import agreement_pool, space_inputs
+from cbcert.runs.session import Session, session
 from cbcert.schema import ConfigError, validate
 
 EXPLAINS = explanations.EXPLAINED
@@ -185,7 +180,7 @@ def run(
     progress: Callable[[int, int], None] | None = None,
     chunk_size: int | None = None,
     max_memory: int | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Attack every model of ``job`` at every budget on the agreement pool; resumable.
 
     Writes ``run.json`` (settings), appends ``records.jsonl`` (one line per input, model and
@@ -197,15 +192,14 @@ def run(
     ``chunk_size`` caps the inputs per APGD call and the (input, sample) pairs per engine
     chunk; by default both come from ``max_memory`` (see `cbcert.runs.attacker.Attacker.chunk`).
 
-    Returns the summary (:func:`summarize_records`).
+    Returns the `RunSummary` (:func:`summarize_records`).
     """
-    out = Path(out)
     world.check_models(job.models)
     if job.explain:
         explanations.check(world, job.explained)
-    check_writable(out)
-    with hold(out):
-        return _run(world, job, out, progress, chunk_size, max_memory)
+    with session(out, "attack", {"job": job.settings(), "world": world.name}, world,
+                 free=("job.batch",)) as directory:
+        return _run(world, job, directory, progress, chunk_size, max_memory)
 
 
 # JSON types of the record fields (see `check_types`); smoothed runs add the p-values.
@@ -236,12 +230,11 @@ def records_of(path: Path, job: AttackJob, indices) -> list[dict]:
     return read_records(path, key=lambda r: (r["index"], r["model"], r["eps"]), check=check)
 
 
-def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> dict[str, Any]:
-    open_run_dir(out, {"job": job.settings(), "world": world.name}, world,
-                 free=("job.batch",))
+def _run(world, job: AttackJob, directory: Session, progress, chunk_size,
+         max_memory) -> RunSummary:
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
-    records_path = out / RECORDS
+    records_path = directory.path()
     records = records_of(records_path, job, pool.indices)
     done = {(r["index"], r["model"], r["eps"]) for r in records}
     inputs = space_inputs(world, pool.latents, job.space, **memory)
@@ -258,7 +251,7 @@ def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> 
     finished = 0
     if progress:
         progress(finished, total)
-    with append_records(records_path) as sink:
+    with directory.append() as sink:
         for start in range(0, job.num_inputs, job.batch):
             rows = np.arange(start, min(start + job.batch, job.num_inputs))
             idx = pool.indices[rows]
@@ -292,10 +285,8 @@ def _run(world, job: AttackJob, out: Path, progress, chunk_size, max_memory) -> 
                 if progress:
                     progress(finished, total)
 
-    summary = summarize_records(records_of(records_path, job, pool.indices), job)
-    summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
-    write_json(out / SUMMARY, summary)
-    return summary
+    return directory.finish(summarize_records(records_of(records_path, job, pool.indices), job),
+                            pool)
 
 
 class _Explainer:

@@ -35,21 +35,16 @@ from cbcert.engine.validity import NonFiniteError
 from cbcert.robustness.certification import records_subset_summary
 from cbcert.runs import sequential
 from cbcert.runs.directory import (
-    RECORDS,
-    SUMMARY,
-    append_records,
+    RunSummary,
     check_field,
     check_types,
-    check_writable,
     finite_or_none,
     json_line,
-    open_run_dir,
     read_records,
-    write_json,
 )
 from cbcert.runs.export import FORMATS, write_cohen
-from cbcert.runs.lock import hold
 from cbcert.runs.pool import agreement_pool, space_inputs
+from cbcert.runs.session import Session, session
 from cbcert.schema import ConfigError, validate, validate_sample_sizes
 
 
@@ -240,7 +235,7 @@ def run(
     max_memory: int | None = None,
     preflight: bool = False,
     export: str | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Certify (or predict) every model of ``job`` on the agreement pool; resumable.
 
     Writes ``run.json`` (settings), appends ``records.jsonl`` (one line per input and model:
@@ -267,24 +262,21 @@ def run(
     (`cbcert.runs.export`). A world with fixed inputs (``world.dataset``, pixels) certifies
     them in order with their own labels.
 
-    Returns the summary dict (per model metrics).
+    Returns the `RunSummary` (per model metrics).
     """
-    out = Path(out)
-    check_writable(out)
-    with hold(out):
-        return _run(world, job, out, progress, chunk_size, max_memory, preflight, export)
-
-
-def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
-         preflight: bool = False, export: str | None = None) -> dict[str, Any]:
-    k = world.generator.num_concepts
     if preflight:
-        sequential.check_certifiable(job, k)
-    open_run_dir(out, {"job": job.pinned(), "world": world.name}, world,
-                 free=("job.batch",))
+        sequential.check_certifiable(job, world.generator.num_concepts)
+    with session(out, "certify", {"job": job.pinned(), "world": world.name}, world,
+                 free=("job.batch",)) as directory:
+        return _run(world, job, directory, progress, chunk_size, max_memory, preflight, export)
+
+
+def _run(world, job: CertifyJob, directory: Session, progress, chunk_size, max_memory,
+         preflight: bool = False, export: str | None = None) -> RunSummary:
+    k = world.generator.num_concepts
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
-    records_path = out / RECORDS
+    records_path = directory.path()
     records = records_of(records_path, job, pool.indices)
     done = {(r["index"], r["model"]) for r in records}
     todo = [
@@ -322,7 +314,7 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
                                                 world.perturbed_size(job.space)),
                         num_classes=world.num_classes, chunk_size=chunk_size,
                         max_memory=max_memory, dtype=common["dtype"])
-    with append_records(records_path) as sink, _naming_models(job.models, records_path):
+    with directory.append() as sink, _naming_models(job.models, records_path):
         if job.schedule == "sequential" and todo:
             model = sequential.Sampling(apply_fn, params, noise, rule, root, common)
             sequential.run_sequential(job, pool, np.asarray(todo), done, inputs, model, sink,
@@ -366,15 +358,13 @@ def _run(world, job: CertifyJob, out: Path, progress, chunk_size, max_memory,
                 progress(finished, job.num_inputs)
 
     records = records_of(records_path, job, pool.indices)
-    summary = summarize_records(records, job, k)
-    summary["pool"] = {"agreement_inputs": job.num_inputs, "pool_size": pool.pool_size}
-    write_json(out / SUMMARY, summary)
+    result = directory.finish(summarize_records(records, job, k), pool)
     if export is not None:
         if export not in FORMATS:
             raise ConfigError(f"export={export!r}: allowed {', '.join(FORMATS)}", key="export",
                               value=export, allowed=", ".join(FORMATS))
-        write_cohen(out, records, job.models, job.mode)
-    return summary
+        write_cohen(directory.out, records, job.models, job.mode)
+    return result
 
 
 @contextlib.contextmanager

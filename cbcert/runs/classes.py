@@ -25,16 +25,9 @@ import numpy as np
 
 from cbcert.engine.sampler import map_inputs
 from cbcert.robustness import classes
-from cbcert.runs.directory import (
-    SUMMARY,
-    check_writable,
-    finite_or_none,
-    open_run_dir,
-    read_json,
-    write_json,
-)
-from cbcert.runs.lock import hold
+from cbcert.runs.directory import SUMMARY, RunSummary, finite_or_none, read_json
 from cbcert.runs.pool import pool_latents
+from cbcert.runs.session import session
 from cbcert.schema import ConfigError, validate
 
 
@@ -111,26 +104,25 @@ class ClassesJob:
 
 def run(world, job: ClassesJob, out: str | Path, *,
         progress: Callable[[int, int], None] | None = None, chunk_size: int | None = None,
-        max_memory: int | None = None) -> dict[str, Any]:
+        max_memory: int | None = None) -> RunSummary:
     """Measure `class_distances` of ``world`` into ``out`` (``run.json`` pins ``classes``:
-    the job, and the world); returns the summary. A finished directory is read, not redone.
+    the job, and the world); returns the `RunSummary`. A finished directory is read, not
+    redone.
 
     Raises:
       RunMismatchError: ``out`` holds a run with other settings or another world.
     """
-    out = Path(out)
-    check_writable(out)
-    with hold(out):
-        open_run_dir(out, {"classes": asdict(job), "world": world.name}, world)
-        if (out / SUMMARY).is_file():
-            summary = read_json(out / SUMMARY)
+    with session(out, "classes", {"classes": asdict(job), "world": world.name},
+                 world) as directory:
+        if directory.path(SUMMARY).is_file():
+            result = RunSummary("classes", read_json(directory.path(SUMMARY)))
         else:
-            summary = class_distances(world, samples=job.samples, seed=job.seed,
-                                      chunk_size=chunk_size, max_memory=max_memory)
-            write_json(out / SUMMARY, summary)
+            result = directory.finish(class_distances(world, samples=job.samples, seed=job.seed,
+                                                      chunk_size=chunk_size,
+                                                      max_memory=max_memory))
         if progress:
             progress(1, 1)
-        return summary
+        return result
 
 
 __all__ = ["ClassesJob", "class_distances", "run"]

@@ -6,7 +6,9 @@ the same way:
 * ``check_writable(out)`` before any work: a read-only directory, or a path under a file, is
   refused in a second instead of after an hour of sampling;
 * ``hold(out)`` (`cbcert.runs.lock`) takes an exclusive lock for the whole run;
-* ``open_run(out, meta)`` pins the run's settings in ``run.json``; a rerun with other settings
+* ``open_run(out, kind, meta)`` pins the run's settings in ``run.json``, led by ``"kind"`` (which
+  runner wrote it: one of `KINDS`; `run_kind` reads it, and tells the kind of a directory
+  written before ``run.json`` named it from its layout); a rerun with other settings
   is refused naming the first setting that differs (settings that never change results, such
   as ``batch``, are recorded but left free), a damaged ``run.json`` is reported with its path;
 * ``read_records(path, key, check)`` reads the JSONL records appended as work finishes: a torn
@@ -16,7 +18,13 @@ the same way:
   model or budget) is refused, and records are keyed so that a duplicated line cannot be
   counted twice: exact duplicates (ignoring wall-clock ``seconds``) collapse to one, two
   different records for one key are refused;
-* ``write_json(path, data)`` writes strict JSON (no ``NaN``/``Infinity``) atomically.
+* ``write_json(path, data)`` writes strict JSON (no ``NaN``/``Infinity``) atomically;
+* every runner returns a `RunSummary`: the summary it wrote to ``summary.json`` (readable as
+  that mapping), its kind and what it hands its caller besides files (``extras``).
+
+The files of a directory are named here once: `RUN`, `RECORDS` (`EXPLANATIONS` for an explain
+run), `SUMMARY`, `LOCK`, and a sweep's `MANIFEST`. `cbcert.runs.session` is the loop every
+runner shares on top of this contract (check, lock, pin, append, summarise).
 
 In a multi-host job (``cbcert.engine.distributed``) only process 0 touches the directory: it
 checks, locks, pins and reads, and every other process receives the same outcome (the same
@@ -34,9 +42,10 @@ import json
 import math
 import os
 import socket
-from collections.abc import Callable, Collection, Hashable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import jax
 
@@ -46,8 +55,12 @@ from cbcert.schema import ConfigError, short_repr, shorten
 
 RUN = "run.json"
 RECORDS = "records.jsonl"
+EXPLANATIONS = "explanations.jsonl"  # an explain run's records (written whole, not appended)
 SUMMARY = "summary.json"
 LOCK = ".lock"
+MANIFEST = "manifest.json"  # a sweep directory's (its cells are run directories)
+Kind = Literal["certify", "perturb", "attack", "classes", "explain"]
+KINDS: tuple[Kind, ...] = ("certify", "perturb", "attack", "classes", "explain")
 # Fields that legitimately differ between two computations of the same record.
 WALL_CLOCK_FIELDS = frozenset({"seconds"})
 _T = TypeVar("_T")
@@ -231,18 +244,20 @@ def finite_or_none(value: float) -> float | None:
 
 
 def open_run(out: Path, meta: dict[str, Any], extra: dict[str, Any] | None = None, *,
-             free: Collection[str] = ()) -> None:
-    """Write ``out/run.json`` (``meta`` plus ``extra``), or check the one there.
+             free: Collection[str] = (), kind: Kind | None = None) -> None:
+    """Write ``out/run.json`` (``"kind"``, then ``meta``, then ``extra``), or check the one there.
 
     A run directory holds one run: if ``run.json`` exists, its ``meta`` keys must equal
     ``meta`` (compared after a JSON round trip, so tuples equal the lists read back), else
     `RunMismatchError` naming the first setting that differs (``job.n = 200 there, 100
     now``). ``free`` lists dotted paths into ``meta`` (``"job.batch"``) of settings that never
     change results: written, not compared, so a rerun may change them (``run.json`` keeps the
-    first run's). ``extra`` (versions, devices) is written but not compared. In a multi-host
+    first run's). ``extra`` (versions, devices) is written but not compared. ``kind`` (one of
+    `KINDS`) is compared with the one there, if there is one: a directory written before
+    ``run.json`` named its kind resumes as it is (its settings still decide). In a multi-host
     job process 0 does this and the others share its outcome.
     """
-    on_coordinator(lambda: _open_run(Path(out), meta, extra, free))
+    on_coordinator(lambda: _open_run(Path(out), meta, extra, free, kind))
 
 
 _ABSENT = object()
@@ -267,13 +282,17 @@ def _difference(old: Any, new: Any, path: str, free: Collection[str]) -> str | N
 
 
 def _open_run(out: Path, meta: dict[str, Any], extra: dict[str, Any] | None,
-              free: Collection[str]) -> None:
+              free: Collection[str], kind: Kind | None) -> None:
     meta = json.loads(json.dumps(meta))
     run_file = Path(out) / RUN
     if run_file.exists():
         previous = read_json(run_file)
         if not isinstance(previous, dict):
             raise RecordsError(f"{run_file}: damaged, expected a JSON object")
+        there = previous.get("kind", kind)
+        if kind is not None and there != kind:
+            raise RunMismatchError(f"{out} holds a {short_repr(there)} run, not a {kind} run; "
+                                   "use another --out or delete it")
         for key in (k for k in meta if k not in free):
             found = _difference(previous.get(key, _ABSENT), meta[key], key, free)
             if found:
@@ -281,13 +300,15 @@ def _open_run(out: Path, meta: dict[str, Any], extra: dict[str, Any] | None,
                                        "use another --out or delete it")
         return
     Path(out).mkdir(parents=True, exist_ok=True)
-    write_json(run_file, {**meta, **(extra or {})})
+    write_json(run_file, {**({"kind": kind} if kind is not None else {}), **meta,
+                          **(extra or {})})
 
 
-def open_run_dir(out: Path, meta: dict[str, Any], world, *,
+def open_run_dir(out: Path, kind: Kind, meta: dict[str, Any], world, *,
                  free: Collection[str] = ()) -> None:
-    """``runs.directory.open_run`` of ``world_pin(meta, world)`` with the versions and devices
-    (see `run_info`); ``free`` as in `open_run` (recorded, not compared on a rerun).
+    """``runs.directory.open_run`` of a ``kind`` run pinning ``world_pin(meta, world)``, with
+    the versions and devices (see `run_info`); ``free`` as in `open_run` (recorded, not
+    compared on a rerun).
 
     In a multi-host job every process first checks those settings and the world's parameters
     against process 0's (`cbcert.runs.peers`): before any sampling, all processes raise
@@ -296,7 +317,7 @@ def open_run_dir(out: Path, meta: dict[str, Any], world, *,
     meta = world_pin(meta, world)
     if peers.in_job():
         peers.check({"run": meta, "world": peers.world_identity(world)})
-    open_run(out, meta, run_info(), free=free)
+    open_run(out, meta, run_info(), free=free, kind=kind)
 
 
 def world_pin(meta: dict[str, Any], world) -> dict[str, Any]:
@@ -313,6 +334,60 @@ def run_info() -> dict[str, Any]:
 
     return {"versions": {"cbcert": cbcert.__version__, "jax": jax.__version__},
             "devices": [str(d) for d in jax.devices()]}
+
+
+def run_kind(run: dict[str, Any]) -> Kind:
+    """Which runner wrote a parsed ``run.json``: its ``"kind"``.
+
+    A ``run.json`` written before it named its kind is told by its layout: perturb pins
+    ``settings``, classes and explain their own key, certify and attack a ``job`` (certify's
+    with ``noise``, attack's with ``eps`` and ``space``). Raises ValueError for an unknown kind
+    or layout.
+    """
+    if "kind" in run:
+        if run["kind"] not in KINDS:
+            raise ValueError(f"unknown kind {short_repr(run['kind'])} (known: "
+                             f"{', '.join(KINDS)})")
+        return run["kind"]
+    if "explain" in run:
+        return "explain"
+    if "settings" in run:
+        return "perturb"
+    if "classes" in run:
+        return "classes"
+    job = run.get("job", {})
+    if isinstance(job, dict) and "noise" in job:
+        return "certify"
+    if isinstance(job, dict) and "eps" in job and "space" in job:
+        return "attack"
+    raise ValueError(f"run.json with unknown layout (keys {short_repr(sorted(run))})")
+
+
+@dataclass(frozen=True, eq=False)
+class RunSummary(Mapping[str, Any]):
+    """What every runner returns: the summary it wrote to ``summary.json``, read as that
+    mapping (``result["models"]``), with the runner's kind and its extras.
+
+    Attributes:
+      kind: the runner (one of `KINDS`, as written in ``run.json``).
+      summary: the dict written to ``summary.json``.
+      extras: what the runner hands its caller besides files, by name: perturb's ``rows``
+        (the table rows, `cbcert.robustness.protocol.BudgetRow`), explain's ``figure`` (the
+        arrays of ``explain.png``, or None); empty for the others.
+    """
+
+    kind: Kind
+    summary: dict[str, Any]
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.summary[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.summary)
+
+    def __len__(self) -> int:
+        return len(self.summary)
 
 
 def check_types(record: dict, types: dict[str, tuple]) -> None:
@@ -429,8 +504,9 @@ def check_field(record: dict, field: str, allowed, what: str) -> None:
 
 
 __all__ = [
-    "LOCK", "RECORDS", "RUN", "SUMMARY", "RecordsError", "RunDirError", "RunLockedError",
-    "RunMismatchError", "append_records", "check_field", "check_writable", "finite_or_none",
-    "is_writer", "json_line", "on_coordinator", "open_run", "read_json",
-    "read_records", "read_shared", "world_pin", "write_json", "write_json_once",
+    "EXPLANATIONS", "KINDS", "LOCK", "MANIFEST", "RECORDS", "RUN", "SUMMARY", "Kind",
+    "RecordsError", "RunDirError", "RunLockedError", "RunMismatchError", "RunSummary",
+    "append_records", "check_field", "check_writable", "finite_or_none", "is_writer",
+    "json_line", "on_coordinator", "open_run", "open_run_dir", "read_json", "read_records",
+    "read_shared", "run_kind", "world_pin", "write_json", "write_json_once",
 ]

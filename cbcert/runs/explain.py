@@ -74,12 +74,12 @@ from cbcert.robustness import explain as ex
 from cbcert.runs import explanations
 from cbcert.runs.budgets import observer
 from cbcert.runs.certify import check_models
-from cbcert.runs.directory import check_writable, json_line, open_run_dir, write_json
-from cbcert.runs.lock import hold
+from cbcert.runs.directory import EXPLANATIONS, RunSummary, json_line, write_json
 from cbcert.runs.pool import agreement_pool, encode_inputs
+from cbcert.runs.session import session
 from cbcert.schema import ConfigError, validate
 
-RECORDS = "explanations.jsonl"
+RECORDS = EXPLANATIONS
 STEPS = 5  # progress: pool, shifts and flips, selection, estimation, explanations
 FIGURE = "explain.png"
 PROTO = explanations.PROTO
@@ -319,19 +319,11 @@ class ExplanationFigure:
     model: str
 
 
-@dataclass(frozen=True)
-class ExplainResult:
-    """What `run` returns: ``summary`` (as written to ``summary.json``) and ``figure``, the
-    `ExplanationFigure` to draw as `FIGURE` (None with ``figure_inputs=0``)."""
-
-    summary: dict[str, Any]
-    figure: ExplanationFigure | None
-
-
 def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: int | None = None,
-        max_memory: int | None = None) -> ExplainResult:
-    """Explain, perturb, certify and score (module docstring); returns the summary and the
-    figure's arrays (`ExplainResult`); the caller draws the figure (the runner draws nothing).
+        max_memory: int | None = None) -> RunSummary:
+    """Explain, perturb, certify and score (module docstring); returns the `RunSummary` with
+    the figure's arrays as ``extras["figure"]`` (an `ExplanationFigure` to draw as `FIGURE`,
+    None with ``figure_inputs=0``): the caller draws it (the runner draws nothing).
 
     ``progress(done, total)`` is called after each of the `STEPS` phases.
 
@@ -341,12 +333,9 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
     world.check_models(job.models)
     world.check_models(("std", "cbm"))
     check(world, job)
-    out = Path(out)
-    check_writable(out)
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
-    with hold(out):
-        open_run_dir(out, {"explain": asdict(job) | {"models": list(job.models)},
-                           "world": world.name}, world)
+    with session(out, "explain", {"explain": asdict(job) | {"models": list(job.models)},
+                                  "world": world.name}, world) as directory:
         pool = agreement_pool(world, job.seed, job.num_inputs, **memory)
         report = progress or (lambda done, total: None)
         obs = _observations(world, job, pool, memory, report)
@@ -396,10 +385,11 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
         report(STEPS, STEPS)
         summary = {"settings": asdict(job) | {"models": list(job.models)}, "world": world.name,
                    "inputs": job.num_inputs, "models": per_model}
-        write_json(out / "summary.json", summary)
-        (out / RECORDS).write_text("".join(json_line(r) for r in records))
+        # Written whole (the run is small and never resumes half-way), before summary.json,
+        # which marks the run finished.
+        directory.path(RECORDS).write_text("".join(json_line(r) for r in records))
         figure = _figure(world, job, pool, obs, shown) if job.figure_inputs else None
-    return ExplainResult(summary, figure)
+        return directory.finish(summary, figure=figure)
 
 
 def _float(value) -> float | None:  # NaN (undefined) as JSON null
@@ -541,5 +531,5 @@ def export(out: str | Path, world, path: str | Path) -> int:
     return len(items)
 
 
-__all__ = ["EXPORT_FORMAT", "ExplainJob", "ExplainResult", "ExplanationFigure", "FIGURE", "RECORDS",
+__all__ = ["EXPORT_FORMAT", "ExplainJob", "ExplanationFigure", "FIGURE", "RECORDS",
            "check", "export", "run"]

@@ -50,21 +50,12 @@ from cbcert.robustness import protocol, stats
 from cbcert.runs import explanations
 from cbcert.runs.budgets import BUDGET_KINDS, budget_name, observer
 from cbcert.runs.certify import check_models
-from cbcert.runs.directory import (
-    append_records,
-    check_field,
-    check_writable,
-    json_line,
-    open_run_dir,
-    read_records,
-    write_json,
-)
-from cbcert.runs.lock import hold
+from cbcert.runs.directory import RunSummary, check_field, json_line, read_records
 from cbcert.runs.pool import agreement_pool, encode_inputs
+from cbcert.runs.session import session
 from cbcert.schema import ConfigError, validate
 
 CONCEPT_MODELS = ("cbm", "cbmh")
-SUMMARY = "summary.json"  # = runs.directory.SUMMARY
 
 
 @dataclass(frozen=True)
@@ -160,14 +151,6 @@ class PerturbJob:
         summary without smoothing budgets reads as before they existed)."""
         return {kind: list(getattr(self, kind)) for kind in BUDGET_KINDS
                 if kind in ("eps", "tau") or getattr(self, kind)}
-
-
-@dataclass(frozen=True)
-class PerturbResult:
-    """Outcome of a run: table rows (for `protocol.table_cells`) and the JSON summary."""
-
-    rows: tuple[protocol.BudgetRow, ...]
-    summary: dict[str, Any]
 
 
 def _error(key: str, value, detail: str) -> ConfigError:
@@ -272,7 +255,7 @@ def run(
     progress: Callable[[int, int], None] | None = None,
     chunk_size: int | None = None,
     max_memory: int | None = None,
-) -> PerturbResult:
+) -> RunSummary:
     """Perturb the agreement inputs at every budget of ``job``, write records and the summary.
 
     Resumable: inputs already recorded in ``<out>/<budget>.jsonl`` are skipped (only whole
@@ -287,7 +270,8 @@ def run(
       chunk_size, max_memory: passed to the engine (``sampler.map_samples``).
 
     Returns:
-      The table rows and the summary written to ``summary.json`` (see `summarize`).
+      The `RunSummary`: the summary written to ``summary.json``, and the table rows as
+      ``extras["rows"]`` (see `summarize`).
     """
     world.check_models(job.models)
     world.check_models(("std", "cbm"))
@@ -296,11 +280,8 @@ def run(
     if job.explain:
         explanations.check(world, job.models)
     heads = explanations.heads(world, job.models) if job.explain else None
-    out = Path(out)
-    check_writable(out)
-    with hold(out):
-        open_run_dir(out, {"settings": job.settings(), "world": world.name}, world,
-                     free=("settings.batch",))
+    with session(out, "perturb", {"settings": job.settings(), "world": world.name}, world,
+                 free=("settings.batch",)) as directory:
         memory = dict(chunk_size=chunk_size, max_memory=max_memory)
         pool = agreement_pool(world, job.seed, job.num_inputs, space="latent", **memory)
         kinds = _kinds(world, job, pool.latents, jax.random.key(job.seed), memory)
@@ -308,10 +289,10 @@ def run(
                   for s in range(0, job.num_inputs, job.batch)]
         total, finished = len(job.budgets) * job.num_inputs, 0
         for kind, value in job.budgets:
-            path = out / f"{budget_name(kind, value)}.jsonl"
-            done = {r["index"] for r in budget_records(path, job, pool.indices)}
+            name = f"{budget_name(kind, value)}.jsonl"
+            done = {r["index"] for r in budget_records(directory.path(name), job, pool.indices)}
             spec = kinds[kind]
-            with append_records(path) as sink:
+            with directory.append(name) as sink:
                 for rows in blocks:
                     todo = [row for row in rows if int(pool.indices[row]) not in done]
                     if todo:
@@ -328,11 +309,8 @@ def run(
                     if progress:
                         progress(finished, total)
 
-        result = summarize(out, job, pool.indices, k)
-        result.summary["pool"] = {"agreement_inputs": job.num_inputs,
-                                  "pool_size": pool.pool_size}
-        write_json(out / SUMMARY, result.summary)
-        return result
+        result = summarize(directory.out, job, pool.indices, k)
+        return directory.finish(result.summary, pool, **result.extras)
 
 
 def budget_records(path: Path, job: PerturbJob, indices) -> list[dict]:
@@ -384,7 +362,7 @@ def measurement(records: Sequence[dict], job: PerturbJob, kind: str, value: floa
 
 
 def summarize(out: str | Path, job: PerturbJob, agreement_indices: np.ndarray,
-              num_concepts: int) -> PerturbResult:
+              num_concepts: int) -> RunSummary:
     """The table of a finished run from its records (analysis separate from sampling).
 
     Subsets: ``protocol.draw_subsets(M, k, n, seed=(job.seed, Stream.SUBSETS))``. Comparisons:
@@ -392,7 +370,8 @@ def summarize(out: str | Path, job: PerturbJob, agreement_indices: np.ndarray,
     comparisons. DFS of ``cbm`` and ``cbmh`` is the same number, ``‖r(x) − r(x̃)‖₂`` of the
     shared PCBM concept scores.
 
-    The summary is ``{"settings", "budgets": [row.to_dict()...], "subsets": [[pool indices]]}``.
+    The summary is ``{"settings", "budgets": [row.to_dict()...], "subsets": [[pool indices]]}``;
+    the rows are ``extras["rows"]`` (for `protocol.table_cells`). Nothing is written.
     """
     out = Path(out)
     expected = set(map(int, agreement_indices))
@@ -419,10 +398,10 @@ def summarize(out: str | Path, job: PerturbJob, agreement_indices: np.ndarray,
     }
     if job.explain:
         summary["explanations"] = explanations.summary(explained, subsets, job.models)
-    return PerturbResult(rows, summary)
+    return RunSummary("perturb", summary, {"rows": rows})
 
 
 __all__ = [
-    "BUDGET_KINDS", "PerturbJob", "PerturbResult", "budget_name", "check_budgets", "measurement",
+    "BUDGET_KINDS", "PerturbJob", "budget_name", "check_budgets", "measurement",
     "observer", "run", "summarize",
 ]

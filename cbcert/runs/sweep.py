@@ -52,7 +52,7 @@ from typing import Any, Literal
 import yaml
 
 from cbcert.certify.schedule import SEQUENTIAL_KEYS
-from cbcert.certify.smoothing import of_space
+from cbcert.certify.smoothing import of_space, smoothing
 from cbcert.runs import attack as attack_runner
 from cbcert.runs import certify as certify_runner
 from cbcert.runs import classes as classes_runner
@@ -61,6 +61,7 @@ from cbcert.runs import explanations, peers
 from cbcert.runs import perturb as perturb_runner
 from cbcert.runs.config import ConfigError, ExperimentConfig
 from cbcert.runs.directory import (
+    MANIFEST,
     RecordsError,
     RunMismatchError,
     check_writable,
@@ -83,7 +84,6 @@ SECTIONS = ("latent", "concept", "perturb", "attack", "classes", "explain")
 # What a file naming no section sweeps (classes and explain came later: old sweeps keep their
 # cells).
 DEFAULT_SECTIONS = ("latent", "concept", "perturb", "attack")
-MANIFEST = "manifest.json"
 # The runners' default models; the agreement set itself needs std and cbm.
 EMPIRICAL_MODELS = ("std", "cbm", "proto")
 
@@ -155,17 +155,15 @@ def plan_cells(config: ExperimentConfig,
                 noise="gaussian", scale=sigma, n0=c.n0, n=c.n, alpha=c.alpha,
                 two_class=c.two_class, models=c.models, seed=w.seed, num_inputs=w.num_inputs,
                 **_schedule(c))
-            cells.append(Cell(f"latent-sigma{value_name(sigma)}", "certify", job))
+            cells.append(Cell(smoothing("gaussian").name(sigma), "certify", job))
     if "concept" in sections:
         c = config.concept
         common = dict(n0=c.n0, n=c.n, alpha=c.alpha, models=c.models, seed=w.seed,
                       num_inputs=w.num_inputs, two_class=c.two_class, **_schedule(c))
-        for rho in c.rhos:
-            job = certify_runner.CertifyJob(noise="bernoulli", scale=rho, **common)
-            cells.append(Cell(f"concept-rho{value_name(rho)}", "certify", job))
-        for m in c.flips:
-            job = certify_runner.CertifyJob(noise="fixed", scale=m, **common)
-            cells.append(Cell(f"concept-flips{m}", "certify", job))
+        for kind, scales in (("bernoulli", c.rhos), ("fixed", c.flips)):
+            for scale in scales:
+                job = certify_runner.CertifyJob(noise=kind, scale=scale, **common)
+                cells.append(Cell(smoothing(kind).name(scale), "certify", job))
     if "perturb" in sections:
         p = config.perturb
         job = perturb_runner.PerturbJob(
@@ -344,16 +342,15 @@ def run_sweep(
         tests can pass ``untrained_world`` (called once per world of a multi-world config,
         with its preset or directory).
       progress: ``cell name -> callback(done, total)`` (or None) for each cell's runner.
-      on_cell: called with ``(cell, result)`` after each cell finishes, ``result`` what the
-        cell's runner returned (perturb: `PerturbResult`; explain: `ExplainResult`, whose figure
-        the caller draws; the others: the summary dict).
+      on_cell: called with ``(cell, result)`` after each cell finishes, ``result`` the
+        `RunSummary` the cell's runner returned (an explain cell's ``extras["figure"]`` is for
+        the caller to draw).
       shard: ``(i, n)``: run only the cells `assign_shards` gives shard i of n, without
         locking ``out`` itself (each cell is locked by its runner), so that the other shards
         can run into the same ``out`` at the same time.
 
     Returns:
-      ``{cell name: summary dict}`` of the cells run (for perturb and explain cells, the
-      summary of its `PerturbResult` or `ExplainResult`).
+      ``{cell name: summary dict}`` of the cells run (each `RunSummary`'s ``summary``).
 
     Raises:
       ConfigError: a cell cannot run on the world (unknown model, τ > K).
@@ -394,15 +391,14 @@ def run_sweep(
                         "attack": attack_runner.run, "classes": classes_runner.run,
                         "explain": explain_runner.run}[cell.kind]
             result = run_cell(worlds[cell.world], cell.job, out / cell.name, progress=callback)
-            summaries[cell.name] = (result.summary if cell.kind in ("perturb", "explain")
-                                    else result)
+            summaries[cell.name] = result.summary
             if on_cell:
                 on_cell(cell, result)
         return summaries
 
 
 __all__ = [
-    "DEFAULT_SECTIONS", "MANIFEST", "PINNED", "SECTIONS", "Cell", "CellStatus", "assign_shards",
+    "DEFAULT_SECTIONS", "PINNED", "SECTIONS", "Cell", "CellStatus", "assign_shards",
     "cell_cost", "check_cells",
     "check_shard", "git_revision", "manifest", "plan_cells", "run_sweep", "sections_in_file",
     "shard_cells", "sweep_status",
