@@ -103,9 +103,33 @@ def test_automatic_chunk_compiles_at_most_twice_and_respects_memory():
     first_run = len(traces)
     _counts(fn=counted, max_memory=4096, param=0.2)
     # The probe compile, then the chunk it picked (the same shape if it picked the probe size).
-    assert len(traces) == first_run <= 2 and traces[0] == memory._PROBE_PAIRS_PER_DEVICE
+    assert len(traces) == first_run <= 2 and traces[0] == memory.PROBE_PAIRS_PER_DEVICE
     assert memory.MIN_CHUNK_PER_DEVICE <= traces[-1] < 64  # 4 KiB cannot hold 64 pairs
     np.testing.assert_array_equal(small, _counts(chunk_size=64))
+
+
+def test_a_run_whose_chunk_is_the_probe_size_compiles_once():
+    """5 inputs x 3 samples = 15 pairs: the probe takes 16 pairs per device, the whole run
+    fits one chunk of 16, so the run executes the probe's program (one trace, one compile),
+    and the counts equal those of a fixed chunk."""
+    traces = []
+
+    def counted(params, x):
+        traces.append(x.shape[0])
+        return linear_heads(params, x)
+
+    counts = _counts(fn=counted, num_samples=3)
+    assert traces == [memory.probe_pairs(15, 1)] == [16]
+    np.testing.assert_array_equal(counts, _counts(num_samples=3, chunk_size=4))
+    _counts(fn=counted, num_samples=3, param=0.2)  # the same configuration: nothing new
+    assert traces == [16]
+
+
+def test_probe_pairs_rounds_the_run_up_to_a_power_of_two_at_most_the_cap():
+    assert [memory.probe_pairs(n, 1) for n in (1, 2, 3, 9, 16, 17, 10**6)] == [
+        1, 2, 4, 16, 16, 16, 16]
+    assert memory.probe_pairs(20, 4) == 8 and memory.probe_pairs(10**6, 8) == 16
+    assert memory.PROBE_PAIRS_PER_DEVICE == 16
 
 
 def test_auto_chunk_size_rounds():
@@ -468,3 +492,29 @@ def test_continuous_is_identical_on_2_and_8_devices():
     for name, (counts, samples) in runs.items():
         np.testing.assert_array_equal(counts, reference.counts, err_msg=name)
         np.testing.assert_array_equal(samples, reference.samples, err_msg=name)
+
+
+def test_batch_within_memory_is_the_largest_power_of_two_in_budget_and_skips_a_pinned_probe():
+    """The probe (8 inputs, one trace) gives a power of two >= 8 inputs of ~1 KiB each within a
+    64 KiB budget; the result is clipped to [minimum, maximum] (a million-fold ``factor`` fits
+    one input: the minimum); a clip range that admits one value is the answer without
+    compiling anything (no trace)."""
+    traces = []
+
+    def fn(params, x):
+        traces.append(x.shape[0])
+        return jnp.tanh(x @ params).sum(axis=1)
+
+    params = jnp.ones((256, 256), jnp.float32)
+    fits = memory.batch_within_memory(fn, params, (256,), jnp.float32, max_memory=64 * 2**10)
+    assert traces == [8] and fits >= 8 and fits & (fits - 1) == 0
+    assert memory.batch_within_memory(fn, params, (256,), jnp.float32, max_memory=64 * 2**10,
+                                      minimum=2, maximum=4) == 4
+    assert memory.batch_within_memory(fn, params, (256,), jnp.float32, max_memory=64 * 2**10,
+                                      factor=10**6, minimum=2, maximum=4) == 2
+    del traces[:]
+    assert memory.batch_within_memory(fn, params, (256,), jnp.float32, minimum=4,
+                                      maximum=4) == 4
+    assert memory.batch_within_memory(fn, params, (256,), jnp.float32, minimum=4,
+                                      maximum=2) == 4
+    assert traces == []

@@ -34,7 +34,11 @@ DEFAULT_MEMORY_FRACTION = 0.25
 MAX_CHUNK_PER_DEVICE = 2**14
 # Smaller chunks leave matmul units idle whatever the memory estimate says.
 MIN_CHUNK_PER_DEVICE = 8
-_PROBE_PAIRS_PER_DEVICE = 8
+# Largest probe chunk (pairs per device) of `probe_pairs`: the built-in world's automatic chunk on
+# CPU (0.30 MiB per pair under the 8 MiB rule), so its runs compile the step once.
+PROBE_PAIRS_PER_DEVICE = 16
+# Inputs of `batch_within_memory`'s probe.
+_GRADIENT_PROBE_INPUTS = 8
 # CPU, default budget: steps this compute-bound (FLOPs per byte of per-pair memory) take at
 # least COMPUTE_BOUND_CHUNK_PER_DEVICE pairs, if those fit COMPUTE_BOUND_MAX_MEMORY. Measured
 # with jax 0.10.2 on 2 cores (interleaved rounds, benchmarks/timing.py), chunk 32 vs chunk 8:
@@ -57,7 +61,8 @@ def batch_within_memory(fn: Callable, params, event_shape: tuple[int, ...], dtyp
     costs come from XLA's memory analysis of ``jax.jit(fn)(params, x[8, *event])``
     (temporaries, outputs and the per-input arguments), as for `count_classes`' chunks.
     ``factor`` multiplies the cost of one input (e.g. the EOT samples behind each attacked
-    point); the result is clipped to ``[minimum, maximum]``.
+    point); the result is clipped to ``[minimum, maximum]`` (``minimum`` without compiling
+    anything when ``maximum <= minimum``).
 
     Args:
       fn: ``fn(params, x[B, *event]) -> pytree``, pure and jittable.
@@ -67,7 +72,9 @@ def batch_within_memory(fn: Callable, params, event_shape: tuple[int, ...], dtyp
     """
     mesh = sharding.default_mesh() if mesh is None else mesh
     budget = check_max_memory(max_memory, mesh)
-    probe = _PROBE_PAIRS_PER_DEVICE
+    if maximum is not None and maximum <= minimum:
+        return minimum  # the clip decides whatever the memory: no probe to compile
+    probe = _GRADIENT_PROBE_INPUTS
     x = jax.ShapeDtypeStruct((probe, *event_shape), np.dtype(dtype))
     analysis = jax.jit(fn).lower(params, x).compile().memory_analysis()
     event_bytes = math.prod(event_shape) * np.dtype(dtype).itemsize
@@ -121,29 +128,48 @@ class PairCost(NamedTuple):
         return self.flops / self.bytes if self.bytes > 0 else 0.0
 
 
-def pair_cost(step, mesh, params, event_shape, input_dtype, key_data, param) -> PairCost:
+def probe_pairs(num_pairs: int, shards: int) -> int:
+    """Pairs per device of the memory probe: the run's whole size rounded up to a power of two
+    (what `auto_chunk_size` picks for a run that fits), at most ``PROBE_PAIRS_PER_DEVICE``
+    (the built-in world's automatic chunk on CPU). When the run then takes that chunk, it
+    runs on the probe's compiled program: one compilation, not two."""
+    needed = 1 << max(0, math.ceil(math.log2(-(-num_pairs // shards))))
+    return min(needed, PROBE_PAIRS_PER_DEVICE)
+
+
+def pair_cost(step, mesh, params, event_shape, input_dtype, key_data, param,
+              pairs: int = PROBE_PAIRS_PER_DEVICE) -> PairCost:
     """Per-device bytes and FLOPs of one (input, sample) pair, from XLA's analyses.
 
-    Compiles the step for a small probe chunk and divides its temporaries, outputs and
-    per-pair arguments, and its cost analysis' FLOPs, by the pairs each device holds. Where
-    the backend gives no memory analysis, falls back to four copies of the event (clean, key
-    bits, noise, noisy); no cost analysis gives 0 FLOPs. Cached per configuration, so only the
-    first run of a configuration pays for the probe.
+    Compiles the step for a probe chunk of ``pairs`` pairs per device and divides its
+    temporaries, outputs and per-pair arguments, and its cost analysis' FLOPs, by ``pairs``.
+    Where the backend gives no memory analysis, falls back to four copies of the event (clean,
+    key bits, noise, noisy); no cost analysis gives 0 FLOPs. Cached per configuration, so only
+    the first run of a configuration pays for the probe.
     """
+    return probe_step(step, mesh, params, event_shape, input_dtype, key_data, param, pairs)[0]
+
+
+def probe_step(step, mesh, params, event_shape, input_dtype, key_data, param,
+               pairs: int = PROBE_PAIRS_PER_DEVICE):
+    """`pair_cost` and the probe's compiled step (``jax.stages.Compiled``, called like ``step``
+    on a chunk of ``pairs * shards`` pairs with the arguments' shardings), which a run whose
+    chunk is the probe's size uses instead of compiling the same program again."""
     leaves, treedef = jax.tree.flatten((params, key_data, param))
     signature = (treedef, tuple((tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in leaves))
-    return _pair_cost_cached(step, mesh, signature, tuple(event_shape), np.dtype(input_dtype))
+    return _probe_cached(step, mesh, signature, tuple(event_shape), np.dtype(input_dtype),
+                         int(pairs))
 
 
 @functools.lru_cache(maxsize=64)
-def _pair_cost_cached(step, mesh, signature, event_shape, input_dtype) -> PairCost:
+def _probe_cached(step, mesh, signature, event_shape, input_dtype, pairs):
     treedef, avals = signature
     replicated = NamedSharding(mesh, P())
     params, key_data, param = jax.tree.unflatten(
         treedef, [jax.ShapeDtypeStruct(shape, dtype, sharding=replicated) for shape, dtype in avals]
     )
     shards = sharding.num_shards(mesh)
-    probe = _PROBE_PAIRS_PER_DEVICE * shards
+    probe = pairs * shards
     batch = NamedSharding(mesh, sharding.batch_spec(mesh))
     args = (
         params,
@@ -157,14 +183,14 @@ def _pair_cost_cached(step, mesh, signature, event_shape, input_dtype) -> PairCo
     compiled = step.lower(*args).compile()
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list | tuple) and cost else cost) or {}
-    flops = float(cost.get("flops", 0.0)) / _PROBE_PAIRS_PER_DEVICE  # per-device program
+    flops = float(cost.get("flops", 0.0)) / pairs  # per-device program
     analysis = compiled.memory_analysis()
     if analysis is None:
-        return PairCost(4.0 * event_bytes, flops)
+        return PairCost(4.0 * event_bytes, flops), compiled
     params_bytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in avals)
     per_pair_args = max(analysis.argument_size_in_bytes - params_bytes, 0.0)
     used = analysis.temp_size_in_bytes + analysis.output_size_in_bytes + per_pair_args
-    return PairCost(max(used / _PROBE_PAIRS_PER_DEVICE, float(event_bytes)), flops)
+    return PairCost(max(used / pairs, float(event_bytes)), flops), compiled
 
 
 def auto_chunk_size(per_pair: float, max_memory: int, num_pairs: int, shards: int, *,

@@ -335,13 +335,16 @@ class _Run:
         params = sharding.put_replicated(mesh, params)
         num_pairs = num_inputs * int(num_samples)
         if chunk_size is None:
-            cost = memory.pair_cost(step, mesh, params, event_shape, inputs.dtype, key_data,
-                                    param)
+            probe = memory.probe_pairs(num_pairs, shards)
+            cost, compiled = memory.probe_step(step, mesh, params, event_shape, inputs.dtype,
+                                               key_data, param, probe)
             compute_bound = (memory.default_cpu_budget(max_memory, mesh)
                              and cost.intensity >= memory.COMPUTE_BOUND_FLOPS_PER_BYTE)
             chunk_size = memory.auto_chunk_size(cost.bytes,
                                                 memory.check_max_memory(max_memory, mesh),
                                                 num_pairs, shards, compute_bound=compute_bound)
+            if chunk_size == probe * shards:  # the probe compiled this very program
+                step = compiled
         elif not (isinstance(chunk_size, int | np.integer) and chunk_size >= 1):
             raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1")
         else:
