@@ -68,7 +68,9 @@ def test_lock_refuses_what_is_not_a_regular_file_without_blocking(tmp_path, kind
 
 def test_certify_refuses_a_lock_directory_with_exit_2(tmp_path):
     (tmp_path / ".lock").mkdir()
-    result = CliRunner().invoke(cli.main, ["latent", "--sigma", "0.1", "--n0", "1", "--n", "1",
+    # A valid job (n = 10 is the least that can certify at α = 0.001: an invalid one is refused
+    # by the pure checks before the directory is touched); the lock refuses it before sampling.
+    result = CliRunner().invoke(cli.main, ["latent", "--sigma", "0.1", "--n0", "1", "--n", "10",
                                            "--inputs", "1", "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert "--out" in result.output and "not a regular file (a directory)" in result.output
