@@ -13,7 +13,7 @@ for work the sampler does not run itself (APGD's gradient steps).
 import functools
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -128,33 +128,33 @@ class PairCost(NamedTuple):
         return self.flops / self.bytes if self.bytes > 0 else 0.0
 
 
+def _pairs_needed(num_pairs: int, shards: int) -> int:
+    """Pairs per device that hold the whole run, rounded up to a power of two."""
+    return 1 << max(0, math.ceil(math.log2(-(-num_pairs // shards))))
+
+
 def probe_pairs(num_pairs: int, shards: int) -> int:
     """Pairs per device of the memory probe: the run's whole size rounded up to a power of two
     (what `auto_chunk_size` picks for a run that fits), at most ``PROBE_PAIRS_PER_DEVICE``
     (the built-in world's automatic chunk on CPU). When the run then takes that chunk, it
     runs on the probe's compiled program: one compilation, not two."""
-    needed = 1 << max(0, math.ceil(math.log2(-(-num_pairs // shards))))
-    return min(needed, PROBE_PAIRS_PER_DEVICE)
+    return min(_pairs_needed(num_pairs, shards), PROBE_PAIRS_PER_DEVICE)
 
 
-def pair_cost(step, mesh, params, event_shape, input_dtype, key_data, param,
-              pairs: int = PROBE_PAIRS_PER_DEVICE) -> PairCost:
-    """Per-device bytes and FLOPs of one (input, sample) pair, from XLA's analyses.
+def probe_step(step, mesh, params, event_shape, input_dtype, key_data, param,
+               pairs: int = PROBE_PAIRS_PER_DEVICE) -> tuple[PairCost, Any]:
+    """Per-device bytes and FLOPs of one (input, sample) pair, from XLA's analyses, and the
+    probe's compiled step.
 
     Compiles the step for a probe chunk of ``pairs`` pairs per device and divides its
     temporaries, outputs and per-pair arguments, and its cost analysis' FLOPs, by ``pairs``.
     Where the backend gives no memory analysis, falls back to four copies of the event (clean,
-    key bits, noise, noisy); no cost analysis gives 0 FLOPs. Cached per configuration, so only
-    the first run of a configuration pays for the probe.
+    key bits, noise, noisy); no cost analysis gives 0 FLOPs. The compiled step
+    (``jax.stages.Compiled``, called like ``step`` on a chunk of ``pairs * shards`` pairs with
+    the arguments' shardings) serves a run whose chunk is the probe's size instead of
+    compiling the same program again. Cached per configuration, so only the first run of a
+    configuration pays for the probe.
     """
-    return probe_step(step, mesh, params, event_shape, input_dtype, key_data, param, pairs)[0]
-
-
-def probe_step(step, mesh, params, event_shape, input_dtype, key_data, param,
-               pairs: int = PROBE_PAIRS_PER_DEVICE):
-    """`pair_cost` and the probe's compiled step (``jax.stages.Compiled``, called like ``step``
-    on a chunk of ``pairs * shards`` pairs with the arguments' shardings), which a run whose
-    chunk is the probe's size uses instead of compiling the same program again."""
     leaves, treedef = jax.tree.flatten((params, key_data, param))
     signature = (treedef, tuple((tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in leaves))
     return _probe_cached(step, mesh, signature, tuple(event_shape), np.dtype(input_dtype),
@@ -209,5 +209,4 @@ def auto_chunk_size(per_pair: float, max_memory: int, num_pairs: int, shards: in
                                int(COMPUTE_BOUND_MAX_MEMORY // per_pair)))
     fits = int(min(max(max_memory // per_pair, floor), MAX_CHUNK_PER_DEVICE))
     per_device = 1 << (fits.bit_length() - 1)
-    needed = 1 << max(0, math.ceil(math.log2(-(-num_pairs // shards))))
-    return min(per_device, needed) * shards
+    return min(per_device, _pairs_needed(num_pairs, shards)) * shards
