@@ -141,9 +141,12 @@ def test_permutation_test_rejects_bad_input():
         stats.paired_permutation_test(np.array([np.inf]), np.array([0.0]))
 
 
-def test_holm_matches_statsmodels_and_step_down_formula():
-    rng = np.random.default_rng(1)
-    pvalues = rng.uniform(size=9) ** 3
+@pytest.mark.parametrize("pvalues", [
+    np.random.default_rng(1).uniform(size=9) ** 3,
+    np.array([0.5, 0.01, 1.0, 0.04, 0.01, 0.5, 0.0]),  # ties, 0 and 1, the cap at 1 reached
+    np.array([0.3]),
+])
+def test_holm_matches_statsmodels_and_step_down_formula(pvalues):
     adjusted = stats.holm(pvalues)
     np.testing.assert_allclose(adjusted, multipletests(pvalues, method="holm")[1], rtol=0)
     order = np.argsort(pvalues)

@@ -6,7 +6,8 @@ structure of the authors' reference implementation (AutoAttack,
 ``autopgd_base.py``): the random start, the two-stage projected momentum step, the
 checkpoint schedule, the oscillation/stall test and the restart from the best point
 are all reproduced, with the per-example bookkeeping done by masks so that shapes are
-fixed and the whole attack runs inside one ``jax.jit``.
+fixed and each restart runs inside one ``jax.jit`` (between restarts the host only picks
+the rows still to attack).
 
 Every example is attacked on its own: its random starts come from its own key, and
 restarts after the first run only on the examples still robust, gathered into a smaller
@@ -242,39 +243,42 @@ class _RunState(NamedTuple):
 
 
 def _single_run(loss_and_grad, x0, y, eps, keys, norm, n_iter, lower, upper):
-    """One APGD run from a random start (``keys[B]``) on every example; the final state."""
+    """One APGD run from a random start (``keys[B]``) on every example; the final state.
+
+    The loop runs ``n_iter + 1`` times: pass 0 evaluates the start point, pass ``i >= 1`` takes
+    step ``i``. The loss and its gradient are thus computed at one place in the program (the
+    loop body) rather than twice (start and body), which halves what XLA compiles for the
+    classifier's backward pass.
+    """
     is_checkpoint, window = _checkpoint_tables(n_iter)
     x_start = _random_start(keys, x0, eps, norm, lower, upper)
-    (loss, logits), grad = loss_and_grad(x_start)
     batch = x0.shape[0]
-    correct = jnp.argmax(logits, axis=-1) == y
-    init = _RunState(
-        x=x_start,
-        x_prev=x_start,
-        grad=grad,
-        x_best=x_start,
-        grad_best=grad,
-        loss_best=loss,
-        correct_best=correct,
-        x_found=x_start,
-        robust=correct,
-        step_size=jnp.full((batch,), INITIAL_STEP_FACTOR, x0.dtype) * eps,
-        # The reference compares the first iterate's loss with an all-zero history
-        # buffer, not with the loss at the start point; kept for faithfulness.
-        loss_prev=jnp.zeros_like(loss),
-        n_increase=jnp.zeros((batch,), jnp.int32),
-        loss_best_at_check=loss,
-        # "Reduced at the previous checkpoint" starts true so that the stall test
-        # cannot fire at the first checkpoint, as in the reference.
-        reduced_at_check=jnp.ones((batch,), bool),
-    )
 
-    def body(i, s: _RunState) -> _RunState:
-        momentum = jnp.where(i > 0, MOMENTUM, 1.0).astype(x0.dtype)
-        x_new = _momentum_step(
-            s.x, s.x_prev, s.grad, s.step_size, momentum, x0, eps, norm, lower, upper
+    def start_state(loss, logits, grad) -> _RunState:
+        correct = jnp.argmax(logits, axis=-1) == y
+        return _RunState(
+            x=x_start,
+            x_prev=x_start,
+            grad=grad,
+            x_best=x_start,
+            grad_best=grad,
+            loss_best=loss,
+            correct_best=correct,
+            x_found=x_start,
+            robust=correct,
+            step_size=jnp.full((batch,), INITIAL_STEP_FACTOR, x0.dtype) * eps,
+            # The reference compares the first iterate's loss with an all-zero history
+            # buffer, not with the loss at the start point; kept for faithfulness.
+            loss_prev=jnp.zeros_like(loss),
+            n_increase=jnp.zeros((batch,), jnp.int32),
+            loss_best_at_check=loss,
+            # "Reduced at the previous checkpoint" starts true so that the stall test
+            # cannot fire at the first checkpoint, as in the reference.
+            reduced_at_check=jnp.ones((batch,), bool),
         )
-        (loss, logits), grad = loss_and_grad(x_new)
+
+    def step_state(i, s: _RunState, x_new, loss, logits, grad) -> _RunState:
+        """The state after step ``i`` (0-based) moved ``s.x`` to ``x_new``."""
         correct = jnp.argmax(logits, axis=-1) == y
         expand = lambda m: _per_example(m, x0.ndim)
         improved = loss > s.loss_best
@@ -305,7 +309,23 @@ def _single_run(loss_and_grad, x0, y, eps, keys, norm, n_iter, lower, upper):
             reduced_at_check=jnp.where(at_check, halve, s.reduced_at_check),
         )
 
-    return jax.lax.fori_loop(0, n_iter, body, init)
+    def body(i, s: _RunState) -> _RunState:
+        step = jnp.maximum(i - 1, 0)  # 0-based step of pass i >= 1
+        momentum = jnp.where(step > 0, MOMENTUM, 1.0).astype(x0.dtype)
+        x_step = _momentum_step(
+            s.x, s.x_prev, s.grad, s.step_size, momentum, x0, eps, norm, lower, upper
+        )
+        x_new = jnp.where(i == 0, x_start, x_step)
+        (loss, logits), grad = loss_and_grad(x_new)
+        first, later = start_state(loss, logits, grad), step_state(step, s, x_new, loss, logits,
+                                                                    grad)
+        return jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), first, later)
+
+    # Pass 0 overwrites every field; the placeholder only fixes shapes and dtypes.
+    zeros = lambda shape: jnp.zeros(shape.shape, shape.dtype)
+    (loss0, logits0), grad0 = jax.tree.map(zeros, jax.eval_shape(loss_and_grad, x_start))
+    placeholder = start_state(loss0, logits0, grad0)
+    return jax.lax.fori_loop(0, n_iter + 1, body, placeholder)
 
 
 class _Best(NamedTuple):
@@ -359,11 +379,8 @@ def _bound_rows(bound, rows, x0_ndim, batch):
     return bound[rows]
 
 
-def _attack(
-    logits_fn, x0, y, eps, keys, lower, upper, *, norm, n_iter, n_restarts, loss, attack_all
-):
-    """Jitted body of :func:`apgd`; ``logits_fn`` is a pytree, ``keys`` one key per example."""
-    loss_fn = _LOSS_FNS[loss]
+def _clean(logits_fn, x0, y, *, loss):
+    """Jitted: ``argmax logits_fn(x0) == y`` (``[B]`` bool), with the shape checks at trace time."""
     clean_logits = logits_fn(x0)
     batch = x0.shape[0]
     if clean_logits.ndim != 2 or clean_logits.shape[0] != batch:
@@ -371,29 +388,88 @@ def _attack(
             f"logits_fn must map x0 of shape {x0.shape} to logits [B={batch}, C], "
             f"got shape {clean_logits.shape}"
         )
-    loss_fn(clean_logits, y)  # shape checks (DLR class count) at trace time
+    _LOSS_FNS[loss](clean_logits, y)  # shape checks (DLR class count) at trace time
+    return jnp.argmax(clean_logits, axis=-1) == y
 
-    def run_on(fn, x0_r, y_r, keys_r, r, lower_r, upper_r):
-        def total_loss(x):
-            logits = fn(x)
-            per_example = loss_fn(logits, y_r)
-            return jnp.sum(per_example), (per_example, logits)
 
-        grad_fn = jax.grad(total_loss, has_aux=True)
+def _restart(
+    logits_fn, x0, y, eps, keys, r, lower, upper, best, rows, valid,
+    *, norm, n_iter, loss, attack_all
+):
+    """Jitted: restart ``r`` of APGD on the rows ``rows[S]`` of the batch, folded into ``best``.
 
-        def loss_and_grad(x):
-            grad, aux = grad_fn(x)
-            return aux, grad
+    ``valid[S]`` marks the slots that hold an example to attack; the others repeat a valid row
+    and their results are dropped. The first run is the call with ``rows = arange(B)`` and
+    ``valid`` = the examples to attack, so a restart on the whole batch runs the same program.
+    One compilation per slot count ``S`` (``r`` and every value are traced).
+    """
+    loss_fn = _LOSS_FNS[loss]
+    batch = x0.shape[0]
+    y_r = y[rows]
+    take = getattr(logits_fn, "take_rows", None)
+    fn = logits_fn if take is None else take(rows)
 
-        restart_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_r, r)
-        return _single_run(
-            loss_and_grad, x0_r, y_r, eps, restart_keys, norm, n_iter, lower_r, upper_r
-        )
+    def total_loss(x):
+        logits = fn(x)
+        per_example = loss_fn(logits, y_r)
+        return jnp.sum(per_example), (per_example, logits)
 
-    if attack_all:
-        robust = jnp.ones((batch,), bool)
-    else:
-        robust = jnp.argmax(clean_logits, axis=-1) == y
+    grad_fn = jax.grad(total_loss, has_aux=True)
+
+    def loss_and_grad(x):
+        grad, aux = grad_fn(x)
+        return aux, grad
+
+    restart_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys[rows], r)
+    run = _single_run(
+        loss_and_grad,
+        x0[rows],
+        y_r,
+        eps,
+        restart_keys,
+        norm,
+        n_iter,
+        _bound_rows(lower, rows, x0.ndim, batch),
+        _bound_rows(upper, rows, x0.ndim, batch),
+    )
+    merged = _merge(jax.tree.map(lambda v: v[rows], best), run, valid, attack_all)
+    # Out-of-range indices (padding slots) are dropped by the scatter.
+    target = jnp.where(valid, rows, batch)
+    return jax.tree.map(lambda v, m: v.at[target].set(m, mode="drop"), best, merged)
+
+
+def _finish(logits_fn, x0, y, best, *, norm, loss, attack_all):
+    """Jitted: the returned points and their :class:`APGDInfo` from the restarts' ``best``."""
+    expand = lambda m: _per_example(m, x0.ndim)
+    x_out = best.x_best if attack_all else jnp.where(expand(best.robust), best.x_best, best.x_adv)
+    final_logits = logits_fn(x_out)
+    info = APGDInfo(
+        loss=_LOSS_FNS[loss](final_logits, y),
+        fooled=jnp.argmax(final_logits, axis=-1) != y,
+        perturbation_norm=_norm(x_out - x0, norm),
+        restarts=best.restarts,
+    )
+    return x_out, info
+
+
+_clean_jit = jax.jit(_clean, static_argnames=("loss",))
+_restart_jit = jax.jit(_restart, static_argnames=("norm", "n_iter", "loss", "attack_all"))
+_finish_jit = jax.jit(_finish, static_argnames=("norm", "loss", "attack_all"))
+
+
+def _attack(
+    logits_fn, x0, y, eps, keys, lower, upper, *, norm, n_iter, n_restarts, loss, attack_all
+):
+    """:func:`apgd` after its checks: the restarts, each a jitted program (``_restart``).
+
+    Restart ``r >= 1`` runs on the still-robust examples only, gathered (on the host) into the
+    smallest batch of ``_restart_sizes(B)`` that holds them, so only the sizes a call needs are
+    compiled, and a restart on the whole batch reuses the first run's program.
+    """
+    batch = x0.shape[0]
+    static = dict(norm=norm, n_iter=n_iter, loss=loss, attack_all=attack_all)
+    clean_correct = _clean_jit(logits_fn, x0, y, loss=loss)
+    robust = jnp.ones((batch,), bool) if attack_all else clean_correct
     best = _Best(
         robust=robust,
         x_adv=x0,
@@ -402,66 +478,21 @@ def _attack(
         restarts=jnp.zeros((batch,), jnp.int32),
     )
     # The first restart runs on the whole batch: nearly every example is still to attack.
-    best = _merge(best, run_on(logits_fn, x0, y, keys, 0, lower, upper), robust, attack_all)
-
-    if n_restarts > 1:
-        sizes = _restart_sizes(batch)
-
-        def on_rows(size):
-            """Restart ``r`` on the first ``size`` still-robust rows (``n`` of them valid)."""
-
-            def branch(r, order, n, best):
-                slot = jnp.arange(size)
-                valid = slot < n
-                # Padding slots repeat a valid row; their results are dropped below.
-                rows = jnp.where(valid, order[:size], order[0])
-                take = getattr(logits_fn, "take_rows", None)
-                run = run_on(
-                    logits_fn if take is None else take(rows),
-                    x0[rows],
-                    y[rows],
-                    keys[rows],
-                    r,
-                    _bound_rows(lower, rows, x0.ndim, batch),
-                    _bound_rows(upper, rows, x0.ndim, batch),
-                )
-                merged = _merge(jax.tree.map(lambda v: v[rows], best), run, valid, attack_all)
-                # Out-of-range indices (padding slots) are dropped by the scatter.
-                target = jnp.where(valid, rows, batch)
-                return jax.tree.map(
-                    lambda v, m: v.at[target].set(m, mode="drop"), best, merged
-                )
-
-            return branch
-
-        def skip(r, order, n, best):
-            return best
-
-        branches = [skip, *(on_rows(size) for size in sizes)]
-
-        def restart(r, best):
-            n = jnp.sum(best.robust, dtype=jnp.int32)
-            order = jnp.argsort(~best.robust, stable=True)  # still-robust rows first
-            which = jnp.where(n == 0, 0, 1 + jnp.searchsorted(jnp.asarray(sizes), n))
-            return jax.lax.switch(which, branches, r, order, n, best)
-
-        best = jax.lax.fori_loop(1, n_restarts, restart, best)
-
-    expand = lambda m: _per_example(m, x0.ndim)
-    x_out = best.x_best if attack_all else jnp.where(expand(best.robust), best.x_best, best.x_adv)
-    final_logits = logits_fn(x_out)
-    info = APGDInfo(
-        loss=loss_fn(final_logits, y),
-        fooled=jnp.argmax(final_logits, axis=-1) != y,
-        perturbation_norm=_norm(x_out - x0, norm),
-        restarts=best.restarts,
-    )
-    return x_out, info
-
-
-_attack_jit = jax.jit(
-    _attack, static_argnames=("norm", "n_iter", "n_restarts", "loss", "attack_all")
-)
+    best = _restart_jit(logits_fn, x0, y, eps, keys, np.int32(0), lower, upper, best,
+                        np.arange(batch, dtype=np.int32), robust, **static)
+    sizes = _restart_sizes(batch)
+    for r in range(1, n_restarts):
+        still = np.asarray(best.robust)
+        n = int(still.sum())
+        if n == 0:  # nothing left to attack, now or in any later restart
+            break
+        size = next(s for s in sizes if s >= n)
+        order = np.argsort(~still, kind="stable")  # still-robust rows first
+        slot = np.arange(size)
+        rows = np.where(slot < n, order[:size], order[0]).astype(np.int32)
+        best = _restart_jit(logits_fn, x0, y, eps, keys, np.int32(r), lower, upper, best,
+                            rows, slot < n, **static)
+    return _finish_jit(logits_fn, x0, y, best, norm=norm, loss=loss, attack_all=attack_all)
 
 
 def _check_positive_int(name: str, value) -> None:
@@ -527,12 +558,15 @@ def apgd(
     rest of the batch, provided ``logits_fn`` treats rows independently (and the
     backend's arithmetic for a row does not depend on the batch size).
 
-    One compilation per (``logits_fn``, shapes, ``norm``, ``n_iter``, ``n_restarts``,
-    ``loss``, ``attack_all``, presence of bounds): ``eps``, ``key`` and the bounds'
-    values are traced; with ``n_restarts > 1`` it holds one copy of the attack per
-    restart batch size. ``logits_fn`` is compared by identity, so define it once;
-    arrays it should take as traced inputs can be bound with
-    ``jax.tree_util.Partial(fn, *arrays)``.
+    Three jitted programs per (``logits_fn``, shapes, ``norm``, ``n_iter``, ``loss``,
+    ``attack_all``, presence of bounds): the clean prediction, one restart (its loop
+    evaluates the loss and gradient in one place, the start point in its first pass) and the
+    returned point's logits; ``eps``, ``key`` and the bounds' values are traced. Restarts
+    ``r >= 1`` compile the restart program once more for each smaller batch size they need
+    (a restart on the whole batch reuses the first run's program). The host reads the
+    still-robust mask between restarts, so ``apgd`` itself is called eagerly, not under
+    ``jax.jit``. ``logits_fn`` is compared by identity, so define it once; arrays it should
+    take as traced inputs can be bound with ``jax.tree_util.Partial(fn, *arrays)``.
 
     Args:
       logits_fn: pure function ``x[B, *event] -> logits[B, C]`` (generator and
@@ -582,12 +616,17 @@ def apgd(
         )
     if not jnp.issubdtype(y.dtype, jnp.integer):
         raise ValueError(f"y must hold integer labels, got dtype {y.dtype}")
+    if n_restarts > 1 and any(isinstance(v, jax.core.Tracer) for v in (x0, y, eps, key)):
+        raise ValueError(
+            "apgd with n_restarts > 1 picks each restart's rows on the host: call it outside "
+            "jax.jit / vmap (each restart is jitted inside)"
+        )
     if not isinstance(logits_fn, Partial) and not hasattr(logits_fn, "take_rows"):
         logits_fn = Partial(logits_fn)
     keys = _example_keys(jnp.asarray(key), x0.shape[0])
     eps = jnp.asarray(eps, x0.dtype)
     bounds = tuple(None if b is None else jnp.asarray(b, x0.dtype) for b in (lower, upper))
-    return _attack_jit(
+    return _attack(
         logits_fn,
         x0,
         y,
