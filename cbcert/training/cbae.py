@@ -278,29 +278,34 @@ def evaluate(generator: Generator, labeler: Labeler, cbae: CBAE, key: jax.Array,
     """
     k = cbae.config.num_concepts
     gp = generator.params
+    # The CB-AE's arrays are arguments, not constants baked into the program: evaluations of
+    # different weights (before and after training, every run) share one compiled program.
+    graphdef, cbae_state = nnx.split(cbae)
+    edited = np.repeat(np.arange(k), 2)  # intervention j = 2 i + v sets concept i to v
+    values = np.tile([False, True], k)
 
     @jax.jit
-    def measure(z):
+    def measure(cbae_state, z):
+        model = nnx.merge(graphdef, cbae_state)
         w = generator.g1(gp, z)
         x = generator.g2(gp, w)
         labels, confidence = pseudo_labels(labeler(x))
-        c = cbae.encode(w)
-        w_rec = cbae.decode(c)
+        c = model.encode(w)
+        w_rec = model.decode(c)
         correct = jnp.argmax(absent_present(c, k), -1) == labels
-        success = []
-        for i in range(k):
-            for value in (False, True):
-                s = labeler(generator.g2(gp, cbae.decode(set_concept(c, i, value))))
-                success.append((s[:, i] > 0) == value)
+        # The 2k interventions in one loop (one copy of g2 and the labeler in the program).
+        edits = jnp.stack([set_concept(c, i, v) for i, v in zip(edited, values, strict=True)])
+        read = jax.lax.map(lambda e: labeler(generator.g2(gp, model.decode(e))), edits)
+        success = (read[np.arange(2 * k), :, edited] > 0) == values[:, None]  # [2k, B]
         return (correct, confidence >= 0.9, jnp.sum((w_rec - w) ** 2, 1), w,
                 jnp.mean((generator.g2(gp, w_rec) - x) ** 2, (1, 2, 3)),
-                jnp.stack(success, 1).reshape(-1, k, 2))
+                success.T.reshape(-1, k, 2))
 
     parts = []
     for start in range(0, n, batch):
         size = min(batch, n - start)
         z = generator.sample_inputs(jax.random.fold_in(key, start), size)
-        parts.append(jax.device_get(measure(z)))
+        parts.append(jax.device_get(measure(cbae_state, z)))
     correct, confident, sq_err, w, img_err, success = (np.concatenate(p) for p in zip(*parts,
                                                                                      strict=True))
     names = cbae.config.concept_names
