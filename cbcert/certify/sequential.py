@@ -191,8 +191,7 @@ class SequentialCertifier:
         if np.any(c.sum(axis=-1) != trials):
             raise ValueError(f"checkpoint {k} needs {trials} samples per input; got "
                              f"{sorted(set(c.sum(axis=-1).tolist()))}")
-        cert = certify_counts(self.select[r], c, schedule.alphas[k], self.rule,
-                              two_class=self.two_class)
+        cert = self._certify(self.select[r], c, k)
         key = _as_key(cert.radius)
         better = (key > self.best_radius[r]) | (
             (key == self.best_radius[r]) & (cert.p_lower >= self.best_p_lower[r]))
@@ -210,8 +209,7 @@ class SequentialCertifier:
         if last:
             reach = np.full(r.shape, -np.inf)
         else:
-            reach = reachable_radius(cert.count_top, cert.count_runner_up, k, schedule,
-                                     self.rule, two_class=self.two_class)
+            reach = self._reach(cert, k)
         success = np.zeros(r.shape, bool) if target is None else best >= target
         futile = reach <= best
         if target is not None:
@@ -227,6 +225,16 @@ class SequentialCertifier:
         self.stop_reason[done_rows] = reason[stopped]
         stop[live] = stopped
         return stop
+
+    def _certify(self, select: np.ndarray, counts: np.ndarray, k: int) -> Certificate:
+        """Checkpoint ``k``'s certificate of counts ``[m, C]``: Clopper–Pearson at ``α_k``."""
+        return certify_counts(select, counts, self.schedule.alphas[k], self.rule,
+                              two_class=self.two_class)
+
+    def _reach(self, cert: Certificate, k: int) -> np.ndarray:
+        """The optimistic radius ``[m]`` a later checkpoint could certify (`reachable_radius`)."""
+        return reachable_radius(cert.count_top, cert.count_runner_up, k, self.schedule,
+                                self.rule, two_class=self.two_class)
 
     def results(self, rows=None) -> SequentialCertificate:
         """The `SequentialCertificate` of inputs ``rows[m]`` (default all), which have stopped."""
