@@ -157,32 +157,41 @@ def boundaries(name: str, n: int, alpha: float, r: float) -> tuple[np.ndarray, n
 # --- exact first passage of a Bernoulli count walk over boundaries -----------------------------
 
 
-def pyramid(values: np.ndarray, reduce, size: int) -> list[np.ndarray]:
-    """``[j][b] = reduce(values[b·2^j + 1 … (b+1)·2^j])`` for dyadic blocks, ``[D, size/2^j]``."""
-    padded = values[..., 1:size + 1]
-    levels = [padded]
+def pyramid(values: np.ndarray, reduce, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Dyadic block reductions, flat: ``out[:, offset[j] + b] = reduce(values[:, b·2^j + 1 …
+    (b+1)·2^j])`` for every level ``j``; returns ``(out [D, ~2·size], offset [levels])``."""
+    levels = [values[..., 1:size + 1]]
     while levels[-1].shape[-1] > 1:
         last = levels[-1]
         levels.append(reduce(last[..., 0::2], last[..., 1::2]))
-    return levels
+    offset = np.cumsum([0] + [level.shape[-1] for level in levels[:-1]])
+    return np.concatenate(levels, axis=-1), offset
 
 
 def first_passage(p: float, S: np.ndarray, F: np.ndarray, streams: int, n: int,
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Stop time ``[D, streams]`` and certified flag of D procedures on the same streams.
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stop time ``[D, streams]``, certified flag ``[D, streams]`` of D procedures on the same
+    streams, and each stream's ``(t, k_t)`` at its last stop ``[2, streams]``.
 
     A stream walks ``k_t`` (votes of the top class after ``t`` samples) in aligned dyadic
     blocks; a block's count is drawn at once and split with a binomial bridge (hypergeometric
-    draw of the first half's count) only while some running procedure might stop inside it:
-    ``k`` is non-decreasing, so stopping certified is possible in ``(t, t']`` only if
-    ``k_{t'} >= min S`` there, and uncertified only if ``k_t <= max F``.
+    draw of the first half's count) only while some running procedure might stop inside it.
+    Inside a block ``(t0, te]`` the count satisfies ``max(k0, ke − (te − t)) <= k_t <= min(ke,
+    k0 + t − t0)``, so stopping certified needs ``ke >= min S`` and ``max(t − S(t)) >= t0 − k0``
+    there, and stopping uncertified ``k0 <= max F`` and ``max(F(t) − t) >= ke − te``.
     """
     size = 1 << max(1, (n - 1).bit_length())
-    pad = lambda a, fill: np.concatenate([a, np.full((a.shape[0], size + 1 - a.shape[1]),  # noqa: E731
-                                                     fill, np.int64)], axis=1)
+    grid = np.arange(size + 1)
+
+    def pad(a, fill):
+        return np.concatenate([a, np.full((a.shape[0], size + 1 - a.shape[1]), fill, np.int64)],
+                              axis=1)
+
     S, F = pad(S, NEVER), pad(F, -1)
-    min_s = pyramid(S, np.minimum, size)  # [j][D, blocks]
-    max_f = pyramid(F, np.maximum, size)
+    min_s, offset = pyramid(S, np.minimum, size)  # [D, blocks of all levels]
+    slack_s, _ = pyramid(grid - S, np.maximum, size)
+    max_f, _ = pyramid(F, np.maximum, size)
+    slack_f, _ = pyramid(F - grid, np.maximum, size)
     D = S.shape[0]
     stop = np.full((D, streams), -1, np.int64)
     certified = np.zeros((D, streams), bool)
@@ -197,8 +206,7 @@ def first_passage(p: float, S: np.ndarray, F: np.ndarray, streams: int, n: int,
         empty = alive[depth[alive] == 0]
         if empty.size:
             tt = t[empty]
-            block = np.where(tt == 0, MAX_BLOCK, tt & -tt)
-            block = np.minimum(block, MAX_BLOCK)
+            block = np.minimum(np.where(tt == 0, MAX_BLOCK, tt & -tt), MAX_BLOCK)
             stack_t[empty, 0] = tt + block
             stack_k[empty, 0] = k[empty] + rng.binomial(block, p)
             depth[empty] = 1
@@ -207,13 +215,11 @@ def first_passage(p: float, S: np.ndarray, F: np.ndarray, streams: int, n: int,
         t0, k0 = t[alive], k[alive]
         length = te - t0
         level = np.log2(length).astype(np.int64)
+        at = offset[level] + (t0 >> level)  # [m]
         running = stop[:, alive] < 0  # [D, m]
-        possible = np.zeros(alive.size, bool)
-        for j in np.unique(level):
-            sel = level == j
-            b = (t0[sel] >> j)
-            possible[sel] = np.any(running[:, sel] & (
-                (ke[sel][None] >= min_s[j][:, b]) | (k0[sel][None] <= max_f[j][:, b])), axis=0)
+        possible = np.any(running & (
+            ((ke >= min_s[:, at]) & (slack_s[:, at] >= t0 - k0))
+            | ((k0 <= max_f[:, at]) & (slack_f[:, at] >= ke - te))), axis=0)
         unit = length == 1
         evaluate = possible & unit
         if evaluate.any():
@@ -238,7 +244,7 @@ def first_passage(p: float, S: np.ndarray, F: np.ndarray, streams: int, n: int,
             stack_k[rows, depth[rows]] = mid_k
             depth[rows] += 1
         alive = alive[(stop[:, alive] < 0).any(axis=0)]
-    return stop, certified
+    return stop, certified, np.stack([t, k])
 
 
 def interval(x: int, trials: int, level: float = 0.999) -> tuple[float, float]:
@@ -260,15 +266,21 @@ def main() -> None:
             p0 = float(stats.norm.cdf(r))
             start = time.perf_counter()
             bounds = [boundaries(name, args.n, alpha, r) for name in PROCEDURES]
-            S = np.stack([b[0] for b in bounds])
-            F = np.stack([b[1] for b in bounds])
+            S = np.stack([b[0] for b in bounds[1:]])  # fixed n is read off the end: below
+            F = np.stack([b[1] for b in bounds[1:]])
+            fixed_at = bounds[0][0][args.n]
             print(f"\nα = {alpha}, r = {r}σ (p0 = {p0:.6f}); boundaries "
                   f"{time.perf_counter() - start:.1f} s")
             print(f"  {'p_A':>9s}  " + "  ".join(f"{name:>21s}" for name in PROCEDURES)
                   + "   (mean / p95 samples, % certified)")
             for p in (*P_GRID, p0 - 1e-6):
                 begin = time.perf_counter()
-                stop, cert = first_passage(p, S, F, args.streams, args.n, rng)
+                walked, cert, (t_end, k_end) = first_passage(p, S, F, args.streams, args.n,
+                                                             rng)
+                # The same streams continued to n for fixed-n CERTIFY.
+                k_n = k_end + rng.binomial(args.n - t_end, p)
+                stop = np.concatenate([np.full((1, args.streams), args.n), walked])
+                cert = np.concatenate([(k_n >= fixed_at)[None], cert])
                 means = stop.mean(axis=1)
                 p95 = np.percentile(stop, 95, axis=1)
                 cells = [f"{m:9.0f} / {q:6.0f} {100 * c.mean():5.1f}%"
