@@ -250,7 +250,7 @@ class Smoothed:
     def certify(self, x, key: jax.Array, n0: int, n: int, alpha: float, *,
                 two_class: bool = False, schedule="fixed", target_radius: float | None = None,
                 radius_tolerance: float | None = None, indices=None,
-                progress=None) -> Certificate | SequentialCertificate:
+                progress=None, uniform=None) -> Certificate | SequentialCertificate:
         """Cohen et al.'s ``CERTIFY`` of every input: a class and a certified radius, or abstain.
 
         ``ĉA = argmax`` of ``n0`` selection counts; ``nA`` its count among ``n`` fresh
@@ -271,6 +271,8 @@ class Smoothed:
             or pixels). key: root key. n0, n: selection and estimation samples per input.
           alpha: probability that a certificate is wrong, in (0, 1). indices: ``[N]`` global
             input indices (default ``arange(N)``). progress: ``callback(done, total)``.
+          uniform: ``[N]`` draws in [0, 1) for randomized Clopper–Pearson bounds (e.g.
+            `cbcert.certify.randomized.bound_uniforms`); None: the standard bounds.
 
         Returns:
           `Certificate` with fields ``[N]`` (``[N, H]`` with heads): prediction, count_top,
@@ -292,10 +294,12 @@ class Smoothed:
         if len(plan.checkpoints) == 1 and schedule == "fixed":
             counts = count_classes(fn, self.params, x, noise, scale, estimate, n,
                                    indices=indices, **engine)
-            return _heads(certify_counts(select, counts, alpha, rule, two_class=two_class),
-                          heads)
+            per_head = None if uniform is None else np.asarray(uniform)[:, None]  # [N, 1]
+            return _heads(certify_counts(select, counts, alpha, rule, two_class=two_class,
+                                         uniform=per_head), heads)
         trackers = [SequentialCertifier(select[:, h], plan, rule, stopping=stopping,
-                                        two_class=two_class) for h in range(select.shape[1])]
+                                        two_class=two_class, uniform=uniform)
+                    for h in range(select.shape[1])]
         drive_trackers(fn, self.params, x, noise, scale, estimate, plan.checkpoints, trackers,
                        indices=indices, **_memory(engine))
         return _stack([t.results() for t in trackers], heads)

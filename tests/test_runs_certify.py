@@ -354,6 +354,20 @@ def test_anytime_records_keep_the_sequential_fields_and_ignore_the_chunk_size(wo
     assert json.loads((tmp_path / "8" / "run.json").read_text())["job"]["schedule"] == "anytime"
 
 
+def test_randomized_bound_certifies_at_least_as_much_from_the_same_votes(world, tmp_path):
+    common = dict(noise="gaussian", scale=0.25, **SMALL)
+    run(world, CertifyJob(**common), tmp_path / "cp")
+    run(world, CertifyJob(bound="randomized", **common), tmp_path / "rand")
+    cp, rand = (sorted(_lines(tmp_path / d), key=_key) for d in ("cp", "rand"))
+    for a, b in zip(cp, rand, strict=True):
+        assert (a["count_top"], a["count_runner_up"]) == (b["count_top"], b["count_runner_up"])
+        assert b["p_lower"] >= a["p_lower"]
+    assert any(b["p_lower"] > a["p_lower"] for a, b in zip(cp, rand, strict=True))
+    assert json.loads((tmp_path / "rand" / "run.json").read_text())["job"]["bound"] == \
+        "randomized"
+    assert "bound" not in json.loads((tmp_path / "cp" / "run.json").read_text())["job"]
+
+
 def test_anytime_cli_refuses_what_it_cannot_do(world, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
@@ -366,7 +380,8 @@ def test_anytime_cli_refuses_what_it_cannot_do(world, tmp_path, monkeypatch):
                         "--final-alpha-share"),
                        (["predict", "--sigma", "0.25"], "--schedule"),
                        (["latent", "--sigma", "0.25", "--target-radius", "5"],
-                        "--target-radius")):
+                        "--target-radius"),
+                       (["latent", "--sigma", "0.25", "--bound", "randomized"], "--bound")):
         result = CliRunner().invoke(cli.main, [*args, *out])
         assert result.exit_code == 2 and flag in result.output, result.output
 

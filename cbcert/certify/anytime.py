@@ -289,8 +289,8 @@ class AnytimeCertifier(SequentialCertifier):
         super().__init__(counts_select, schedule, radius_rule, stopping=stopping,
                          two_class=two_class)
 
-    def _certify(self, select: np.ndarray, counts: np.ndarray, k: int) -> Certificate:
-        return certify_counts_anytime(select, counts, self.schedule, self.rule,
+    def _certify(self, rows: np.ndarray, counts: np.ndarray, k: int) -> Certificate:
+        return certify_counts_anytime(self.select[rows], counts, self.schedule, self.rule,
                                       two_class=self.two_class)
 
     def _reach(self, cert: Certificate, k: int) -> np.ndarray:

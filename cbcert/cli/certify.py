@@ -60,6 +60,12 @@ def certify_options(fn):
         click.option("--final-alpha-share", type=float, default=None,
                      help="Sequential: share of --alpha spent at the last checkpoint --n "
                           "[default: 0.5]; the rest is split evenly over the earlier ones."),
+        click.option("--bound", type=click.Choice(["clopper-pearson", "randomized"]),
+                     default="clopper-pearson", show_default=True,
+                     help="randomized: the randomized Clopper–Pearson bound (exact coverage, "
+                          "never below the standard one), whose certificate also depends on a "
+                          "uniform draw keyed by --seed and the input (fixed and sequential "
+                          "certify runs)."),
         click.option("--subsets", type=int, default=0, show_default=True,
                      help="Also report SmAcc, ACR and the radius of correct inputs as mean ± sd "
                           "over this many random subsets of the certified inputs, with paired "
@@ -110,6 +116,7 @@ def run_certification(noise: str, scale, mode: str, opts: dict) -> dict:
                          models=common.names(models), seed=opts["seed"],
                          num_inputs=opts["inputs"], batch=opts["batch"], dtype=opts["dtype"],
                          num_subsets=opts["subsets"], subset_size=opts["subset_size"],
+                         bound=opts["bound"].replace("-", "_"),
                          **{key: opts[key] for key in SCHEDULE_KEYS})
     common.check_memory(opts["chunk_size"], opts["max_memory"])
     prefix = "predict-" if mode == "predict" else ""

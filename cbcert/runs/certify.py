@@ -27,6 +27,7 @@ from cbcert.api import Noise, Smoothed
 from cbcert.certify import metrics
 from cbcert.certify.anytime import AnytimeSchedule
 from cbcert.certify.cohen import ABSTAIN
+from cbcert.certify.randomized import BOUNDS, bound_uniforms
 from cbcert.certify.schedule import SEQUENTIAL_KEYS, Schedule, Stopping, check_settings
 from cbcert.certify.sequential import STOP_REASONS
 from cbcert.certify.smoothing import Smoothing, smoothing
@@ -74,6 +75,9 @@ class CertifyJob:
       first_checkpoint, checkpoint_ratio, final_alpha_share: the sequential checkpoints and
         levels (`Schedule.geometric`, `AnytimeSchedule.geometric` without the last; None = its
         default; ``first_checkpoint <= n``).
+      bound: ``clopper_pearson`` (default) or ``randomized`` (the randomized Clopper–Pearson
+        bound with each input's keyed uniform draw, `cbcert.certify.randomized`; fixed and
+        sequential certify runs; pinned only when randomized).
       num_subsets, subset_size: the summary also reports SmAcc, ACR and the radius of correct
         inputs as mean ± sd over ``num_subsets`` random subsets of ``subset_size`` certified
         inputs, with paired permutation tests between models (`cbcert.robustness.
@@ -98,6 +102,7 @@ class CertifyJob:
     first_checkpoint: int | None = None
     checkpoint_ratio: float | None = None
     final_alpha_share: float | None = None
+    bound: Literal["clopper_pearson", "randomized"] = "clopper_pearson"
     num_subsets: int = 0
     subset_size: int = 0
 
@@ -118,6 +123,7 @@ class CertifyJob:
             raise ConfigError(f"two_class=True: {detail}", key="two_class", value=True,
                               detail=detail)
         self._check_schedule()
+        self._check_bound()
         check_subsets(self.num_subsets, self.subset_size, self.num_inputs)
 
     def _check_schedule(self) -> None:
@@ -129,11 +135,25 @@ class CertifyJob:
             raise ConfigError(f"schedule={self.schedule!r}: {detail}", key="schedule",
                               value=self.schedule, allowed="fixed", detail=detail)
 
+    def _check_bound(self) -> None:
+        if self.bound not in BOUNDS:
+            detail = f"got {self.bound!r}, allowed: {', '.join(BOUNDS)}"
+        elif self.bound == "randomized" and (self.mode == "predict"
+                                             or self.schedule == "anytime"):
+            detail = ("got 'randomized', allowed with PREDICT or the anytime schedule: "
+                      "clopper_pearson (the randomized bound is a fixed-n Clopper–Pearson bound)")
+        else:
+            return
+        raise ConfigError(f"bound={self.bound!r}: {detail}", key="bound", value=self.bound,
+                          allowed=", ".join(BOUNDS), detail=detail)
+
     def pinned(self) -> dict[str, Any]:
         """The settings ``run.json`` pins: the sequential keys only in sequential runs, so that
         fixed-schedule run directories made before they existed still resume."""
         settings = asdict(self)
         del settings["num_subsets"], settings["subset_size"]  # analysis only
+        if self.bound == "clopper_pearson":  # run directories made before the key still resume
+            del settings["bound"]
         if self.schedule == "fixed":
             for key in ("schedule", *SEQUENTIAL_KEYS):
                 del settings[key]
@@ -331,8 +351,10 @@ def _run(world, job: CertifyJob, directory: Session, progress, chunk_size, max_m
             idx = pool.indices[rows]
             start = time.perf_counter()
             if job.mode == "certify":
+                uniform = (bound_uniforms(root, idx) if job.bound == "randomized" else None)
                 result = smoothed.certify(inputs[rows], root, job.n0, job.n, job.alpha,
-                                          two_class=job.two_class, indices=idx)  # [T, H]
+                                          two_class=job.two_class, indices=idx,
+                                          uniform=uniform)  # [T, H]
                 extra = {"p_lower": result.p_lower, "p_upper": result.p_upper,
                          "radius": result.radius}
             else:

@@ -25,6 +25,7 @@ from cbcert.certify.anytime import (
     samples_needed_anytime,
 )
 from cbcert.certify.bounds import binomial_test_half
+from cbcert.certify.randomized import bound_uniforms
 from cbcert.certify.schedule import largest_radius, samples_needed
 from cbcert.certify.sequential import (
     STOP_REASONS,
@@ -140,9 +141,15 @@ def run_sequential(job, pool, rows: np.ndarray, done: set, inputs, model: Sampli
         select = count_classes(model.apply_fn, model.params, inputs[rows], model.noise,
                                job.scale, stream_key(model.root, Stream.SELECT), job.n0,
                                indices=idx, **model.common)  # [T, H, C]
-        tracker = AnytimeCertifier if job.schedule == "anytime" else SequentialCertifier
-        trackers = [tracker(select[:, h], schedule, model.rule, stopping=job.stopping,
-                            two_class=job.two_class) for h in range(len(job.models))]
+        if job.schedule == "anytime":
+            trackers = [AnytimeCertifier(select[:, h], schedule, model.rule,
+                                         stopping=job.stopping, two_class=job.two_class)
+                        for h in range(len(job.models))]
+        else:
+            uniform = bound_uniforms(model.root, idx) if job.bound == "randomized" else None
+            trackers = [SequentialCertifier(select[:, h], schedule, model.rule,
+                                            stopping=job.stopping, two_class=job.two_class,
+                                            uniform=uniform) for h in range(len(job.models))]
     else:
         trackers = [SequentialPredictor(len(rows), schedule) for _ in job.models]
     select_seconds = (time.perf_counter() - start) / len(rows)
