@@ -15,9 +15,10 @@ samples, and every procedure reads the *same* streams:
 * ``cp1.1``     -- the paper's union bound: Clopper–Pearson on checkpoints of ratio 1.1 from 10
   with ``α_k = 5α/((k+4)(k+5))``, robust when the lower bound clears ``p0``, not robust when
   the upper bound falls below it;
-* ``anytime``   -- the new ``--schedule anytime`` (`cbcert.certify.anytime`) at its default
-  checkpoints (16, ratio 1.1): certificate from the one-sided mixture confidence sequence,
-  futility from its optimistic projection to ``n``;
+* ``anytime``   -- the new ``--schedule anytime`` (`cbcert.certify.anytime`) at the checkpoints
+  a run with a target uses (every sample to 20, ratio 1.05, plus `AnytimeSchedule.with_target`'s
+  points): certificate from the one-sided mixture confidence sequence, futility from its
+  optimistic projection to ``n``;
 * ``anytime/1`` -- the same confidence sequence read after every sample (futility at the
   checkpoints), i.e. the schedule's statistics without the engine's checkpoint spacing.
 
@@ -136,6 +137,7 @@ def boundaries(name: str, n: int, alpha: float, r: float) -> tuple[np.ndarray, n
             F[t] = largest(lambda c, t, level=level: clopper_pearson_upper(c, t, level) < p0, t)
     elif name in ("anytime", "anytime/1"):
         schedule = (AnytimeSchedule.geometric(n, alpha, first=FIRST, ratio=RATIO)
+                    .with_target(r, rule)
                     if name == "anytime" else AnytimeSchedule.geometric(n, alpha, first=1,
                                                                          ratio=1.01))
         grid = np.array(schedule.checkpoints)

@@ -304,6 +304,8 @@ class Smoothed:
             return _heads(certify_counts(select, counts, alpha, rule, two_class=two_class,
                                          uniform=per_head), heads)
         if isinstance(plan, AnytimeSchedule):
+            if target_radius is not None and not two_class:
+                plan = plan.with_target(target_radius, rule)
             if uniform is not None:
                 raise ValueError("uniform: the anytime schedule has no randomized bound")
             trackers = [AnytimeCertifier(select[:, h], plan, rule, stopping=stopping,

@@ -65,6 +65,9 @@ JEFFREYS = (0.5, 0.5)
 # that are hopeless after a few samples, and 1 / 1.05 within 7 %).
 DEFAULT_FIRST_CHECKPOINT = 1
 DEFAULT_CHECKPOINT_RATIO = 1.05
+# Checkpoints added for a target radius: where an input with up to this many votes against the
+# top class first certifies it (`AnytimeSchedule.with_target`).
+DEFAULT_TARGET_POINTS = 1024
 # Bisection: rejected only when log M exceeds log(1/α) by this much, so that float rounding in
 # M can only shrink the bound (ties are decided conservatively).
 _LOG_MARGIN = 1e-9
@@ -193,6 +196,37 @@ class AnytimeSchedule:
             points.append(c)
             c = max(c + 1, math.ceil(c * ratio))
         return cls((*points, int(n)), check_alpha(alpha))
+
+    def with_target(self, target_radius: float, radius_rule: RadiusRule, *,
+                    max_failures: int = DEFAULT_TARGET_POINTS) -> AnytimeSchedule:
+        """This schedule plus the sample counts at which a target can first be certified.
+
+        ``T_f`` = the least ``t <= n`` whose bound certifies ``target_radius`` with ``f``
+        votes against the top class (``radius_rule.radius(L_t(t − f, t)) >= target``), for
+        ``f = 0 … max_failures``. An input with ``f`` votes against it when it first reaches
+        the target does so exactly at ``T_f`` (the count against only grows, so the target is
+        first met when the bound catches up with it), so these checkpoints read a success at the
+        very sample that makes it, as a test read after every sample would. They depend on n,
+        α, the prior, the rule and the target only -- never on the votes -- and the confidence
+        sequence needs no α for them. One-class certificates (the two-class success also
+        depends on the runner-up's count).
+        """
+        failures = np.arange(int(max_failures) + 1)
+        n = self.n
+
+        def certifies(t):  # [F] at trials t[F] >= failures
+            bound = self.lower(np.maximum(t - failures, 0), np.maximum(t, 1))
+            radius = radius_rule.radius(bound, None)
+            return (t > failures) & (np.nan_to_num(radius, nan=-np.inf) >= target_radius)
+
+        low, high = failures.copy(), np.full(failures.shape, n + 1)  # fails / certifies (or n+1)
+        while np.any(high - low > 1):
+            mid = (low + high) // 2
+            ok = certifies(np.minimum(mid, n)) & (mid <= n)
+            low, high = np.where(ok, low, mid), np.where(ok, mid, high)
+        points = {int(t) for t in high if t <= n}
+        return AnytimeSchedule(tuple(sorted(points | set(self.checkpoints))), self.alpha,
+                               self.prior)
 
     def lower(self, successes, trials, alpha: float | None = None) -> np.ndarray:
         """`mixture_lower` at this schedule's prior (and α unless given)."""

@@ -135,6 +135,8 @@ def run_sequential(job, pool, rows: np.ndarray, done: set, inputs, model: Sampli
     """Sequential CERTIFY/PREDICT of inputs ``rows`` (continuous batching); appends records."""
     idx = pool.indices[rows]
     schedule = job.plan()
+    if job.schedule == "anytime" and job.target_radius is not None and not job.two_class:
+        schedule = schedule.with_target(job.target_radius, model.rule)
     memory = {k: model.common[k] for k in ("num_classes", "chunk_size", "max_memory", "dtype")}
     start = time.perf_counter()
     if job.mode == "certify":
