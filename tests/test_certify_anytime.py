@@ -227,3 +227,19 @@ def test_anytime_settings_are_checked_naming_the_key():
             check_settings("anytime", **kwargs)
         assert err.value.key == key
     assert AnytimeSchedule.geometric(1000, 0.01).checkpoints[:3] == (1, 2, 3)
+
+
+def test_target_points_read_a_success_at_the_sample_that_makes_it():
+    # Every stream's first certification at r, read after every sample, is a checkpoint of
+    # with_target (for streams with at most max_failures votes against).
+    base = AnytimeSchedule.geometric(3000, 0.01, first=16, ratio=2.0)
+    rule, r = L2Radius(1.0), 1.0
+    schedule = base.with_target(r, rule, max_failures=400)
+    assert set(base.checkpoints) <= set(schedule.checkpoints)
+    p0 = float(stats.norm.cdf(r))
+    first = first_count(lambda c, t: log_mixture(c, t, p0) >= math.log(100) + 1e-9, p0, 3000)
+    rng = np.random.default_rng(4)
+    counts = np.cumsum(rng.random((300, 3000)) < 0.95, axis=1)
+    hit = counts >= first  # [N, T]
+    times = np.argmax(hit, axis=1)[hit.any(axis=1)] + 1
+    assert times.size > 250 and set(times.tolist()) <= set(schedule.checkpoints)
