@@ -303,17 +303,11 @@ class Smoothed:
             per_head = None if uniform is None else np.asarray(uniform)[:, None]  # [N, 1]
             return _heads(certify_counts(select, counts, alpha, rule, two_class=two_class,
                                          uniform=per_head), heads)
-        if isinstance(plan, AnytimeSchedule):
-            if target_radius is not None and not two_class:
-                plan = plan.with_target(target_radius, rule)
-            if uniform is not None:
-                raise ValueError("uniform: the anytime schedule has no randomized bound")
-            trackers = [AnytimeCertifier(select[:, h], plan, rule, stopping=stopping,
-                                         two_class=two_class) for h in range(select.shape[1])]
-        else:
-            trackers = [SequentialCertifier(select[:, h], plan, rule, stopping=stopping,
-                                            two_class=two_class, uniform=uniform)
-                        for h in range(select.shape[1])]
+        if isinstance(plan, AnytimeSchedule) and target_radius is not None and not two_class:
+            plan = plan.with_target(target_radius, rule)
+        tracker = AnytimeCertifier if isinstance(plan, AnytimeSchedule) else SequentialCertifier
+        trackers = [tracker(select[:, h], plan, rule, stopping=stopping, two_class=two_class,
+                            uniform=uniform) for h in range(select.shape[1])]
         drive_trackers(fn, self.params, x, noise, scale, estimate, plan.checkpoints, trackers,
                        indices=indices, **_memory(engine))
         return _stack([t.results() for t in trackers], heads)

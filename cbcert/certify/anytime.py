@@ -319,7 +319,10 @@ class AnytimeCertifier(SequentialCertifier):
 
     def __init__(self, counts_select: np.ndarray, schedule: AnytimeSchedule,
                  radius_rule: RadiusRule, *, stopping: Stopping | None = None,
-                 two_class: bool = False):
+                 two_class: bool = False, uniform: np.ndarray | None = None):
+        if uniform is not None:
+            raise ValueError("uniform: the anytime schedule has no randomized bound (its "
+                             "confidence sequence is not a fixed-n Clopper–Pearson bound)")
         super().__init__(counts_select, schedule, radius_rule, stopping=stopping,
                          two_class=two_class)
 
