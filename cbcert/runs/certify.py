@@ -73,8 +73,8 @@ class CertifyJob:
         certify only).
       target_radius, radius_tolerance: the sequential stopping rules (`Stopping`; certify).
       first_checkpoint, checkpoint_ratio, final_alpha_share: the sequential checkpoints and
-        levels (`Schedule.geometric`, `AnytimeSchedule.geometric` without the last; None = its
-        default; ``first_checkpoint <= n``).
+        levels (`Schedule.geometric`; anytime: `AnytimeSchedule.geometric`, which takes no
+        ``final_alpha_share``; None = its default; ``first_checkpoint <= n``).
       bound: ``clopper_pearson`` (default) or ``randomized`` (the randomized Clopper–Pearson
         bound with each input's keyed uniform draw, `cbcert.certify.randomized`; fixed and
         sequential certify runs; pinned only when randomized).
