@@ -12,6 +12,8 @@ by a warm-up run before anything is timed.
     PYTHONPATH=. python benchmarks/sequential.py                # n = 1000, 16 inputs, ~5 min
     PYTHONPATH=. python benchmarks/sequential.py --quick        # smoke run
     PYTHONPATH=. python benchmarks/sequential.py --inputs 32 --n 2000
+    PYTHONPATH=. python benchmarks/sequential.py --n 100000 --inputs 8 \
+        --settings target anytime-target --no-fixed             # Cohen's n, targets only
 
 Sequential settings: ``futility`` (no target: stops only when no later checkpoint can improve
 the radius, e.g. hopeless inputs), ``precision`` (``--radius-tolerance`` = one grid step: σ/4,
@@ -19,6 +21,9 @@ or 1 for Hamming), ``target`` (``--target-radius`` = the table's first certified
 column, σ/2 or Hamming 1: the question "is this input certified at r?"; certified accuracy at
 r is what it answers, so ``max |ΔCA|`` is also printed at r alone; an input that cannot reach r
 stops early and reports what it had, so certified accuracy at other radii drops by design).
+``anytime``, ``anytime-precision`` and ``anytime-target`` are the same three with ``--schedule
+anytime`` (`cbcert.certify.anytime`). ``--no-fixed`` skips running the fixed schedule (its
+samples are N · (n0 + n) by construction; certified accuracy is then compared with nothing).
 """
 
 import argparse
@@ -31,7 +36,7 @@ import numpy as np
 from cbcert.runs.certify import CertifyJob, run
 from cbcert.worlds.builtin import load_builtin
 
-CONFIGS = (("gaussian", 0.1), ("gaussian", 0.25), ("bernoulli", 0.2))
+SETTINGS = ("futility", "precision", "target", "anytime", "anytime-precision", "anytime-target")
 
 
 def parse_args() -> argparse.Namespace:
@@ -41,6 +46,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--n0", type=int, default=100, help="selection samples")
     parser.add_argument("--alpha", type=float, default=0.001)
     parser.add_argument("--quick", action="store_true", help="4 inputs, n = 200 (smoke test)")
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS,
+                        help="schedules to run besides fixed")
+    parser.add_argument("--no-fixed", action="store_true",
+                        help="do not run the fixed schedule (samples N·(n0 + n) by definition)")
+    parser.add_argument("--configs", nargs="+", default=["gaussian:0.1", "gaussian:0.25",
+                                                         "bernoulli:0.2"])
     args = parser.parse_args()
     if args.quick:
         args.inputs, args.n, args.n0 = 4, 200, 20
@@ -69,21 +80,30 @@ def main() -> None:
     totals = {"fixed": [0, 0.0]}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for noise, scale in CONFIGS:
+        for noise, scale in ((c.split(":")[0], float(c.split(":")[1])) for c in args.configs):
             base = dict(noise=noise, scale=scale, n0=args.n0, n=args.n, alpha=args.alpha,
                         num_inputs=args.inputs)
             step = 1.0 if noise == "bernoulli" else scale / 4
             target = 1.0 if noise == "bernoulli" else scale / 2  # the table's first CA column
-            jobs = {
+            every = {
                 "fixed": CertifyJob(**base),
                 "futility": CertifyJob(schedule="sequential", **base),
                 "precision": CertifyJob(schedule="sequential", radius_tolerance=step, **base),
                 "target": CertifyJob(schedule="sequential", target_radius=target, **base),
+                "anytime": CertifyJob(schedule="anytime", **base),
+                "anytime-precision": CertifyJob(schedule="anytime", radius_tolerance=step,
+                                                **base),
+                "anytime-target": CertifyJob(schedule="anytime", target_radius=target, **base),
             }
+            jobs = {name: job for name, job in every.items()
+                    if name in args.settings or (name == "fixed" and not args.no_fixed)}
             # Warm-up: compile the pool, the encoder and the sampling step of this noise.
             run(world, CertifyJob(noise=noise, scale=scale, n0=10, n=20, num_inputs=1,
                                   alpha=0.01), root / f"warm-{noise}{scale}")
             results = {}
+            if args.no_fixed:
+                results["fixed"] = (None, float("nan"), args.inputs * (args.n0 + args.n))
+                totals["fixed"] = [totals["fixed"][0] + results["fixed"][2], float("nan")]
             for name, job in jobs.items():
                 out = root / f"{noise}{scale}-{name}"
                 summary, seconds = timed_run(world, job, out)
@@ -103,33 +123,39 @@ def report(noise: str, scale: float, results: dict, target: float) -> None:
     symbol = "ρ" if noise == "bernoulli" else "σ"
     fixed_summary, fixed_seconds, fixed_samples = results["fixed"]
     print(f"\n{noise} {symbol} = {scale}:")
-    for name, (summary, seconds, samples) in results.items():
+    if fixed_summary is None:
+        print(f"  fixed     samples {fixed_samples:7d} (not run: N · (n0 + n))")
+    ran = {name: r for name, r in results.items() if r[0] is not None}
+    for name, (summary, seconds, samples) in ran.items():
         reasons = {}
         for entry in summary["models"].values():
             for reason, count in entry.get("stop_reasons", {}).items():
                 reasons[reason] = reasons.get(reason, 0) + count
-        worst, worst_at = 0.0, 0.0
-        for model, entry in summary["models"].items():
-            grid = np.array(entry["radius_grid"])
-            gap = np.abs(np.array(entry["certified_accuracy"])
-                         - np.array(fixed_summary["models"][model]["certified_accuracy"]))
-            worst = max(worst, float(np.max(gap)))
-            worst_at = max(worst_at, float(np.max(gap[np.abs(grid - target) < 1e-9])))
-        print(f"  {name:9s} samples {samples:7d} ({fixed_samples / samples:5.2f}x fewer)  "
-              f"wall {seconds:6.1f} s ({fixed_seconds / seconds:5.2f}x less)  "
-              f"max |ΔCA| {100 * worst:4.1f} points (at radius {target:g}: "
-              f"{100 * worst_at:4.1f})  stops {reasons or '-'}")
-    grid = fixed_summary["models"]["std"]["radius_grid"]
+        line = (f"  {name:9s} samples {samples:7d} ({fixed_samples / samples:6.2f}x fewer)  "
+                f"wall {seconds:6.1f} s")
+        if fixed_summary is not None:
+            worst, worst_at = 0.0, 0.0
+            for model, entry in summary["models"].items():
+                grid = np.array(entry["radius_grid"])
+                gap = np.abs(np.array(entry["certified_accuracy"])
+                             - np.array(fixed_summary["models"][model]["certified_accuracy"]))
+                worst = max(worst, float(np.max(gap)))
+                worst_at = max(worst_at, float(np.max(gap[np.abs(grid - target) < 1e-9])))
+            line += (f" ({fixed_seconds / seconds:5.2f}x less)  max |ΔCA| {100 * worst:4.1f} "
+                     f"points (at radius {target:g}: {100 * worst_at:4.1f})")
+        print(line + f"  stops {reasons or '-'}")
+    first = next(iter(ran.values()))[0]
+    grid = first["models"]["std"]["radius_grid"]
     shown = [i for i, r in enumerate(grid) if any(
-        results[name][0]["models"][m]["certified_accuracy"][i] > 0
-        for name in results for m in results[name][0]["models"])] or [0]
+        ran[name][0]["models"][m]["certified_accuracy"][i] > 0
+        for name in ran for m in ran[name][0]["models"])] or [0]
     header = " ".join(f"{grid[i]:>6g}" for i in shown)
     print(f"  certified accuracy (%) at radius   {header}")
-    for model in fixed_summary["models"]:
-        for name, (summary, _, _) in results.items():
+    for model in first["models"]:
+        for name, (summary, _, _) in ran.items():
             ca = summary["models"][model]["certified_accuracy"]
             row = " ".join(f"{100 * ca[i]:6.1f}" for i in shown)
-            print(f"    {model:5s} {name:9s}                {row}")
+            print(f"    {model:5s} {name:17s}        {row}")
 
 
 if __name__ == "__main__":

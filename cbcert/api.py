@@ -40,6 +40,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from cbcert.certify.anytime import AnytimeCertifier, AnytimeSchedule
 from cbcert.certify.bounds import check_alpha
 from cbcert.certify.cohen import ABSTAIN, Certificate, Prediction, certify_counts, predict_counts
 from cbcert.certify.schedule import Schedule, Stopping
@@ -234,6 +235,9 @@ class Smoothed:
           NonFiniteError: a NaN or inf input or logit (`Smoothed`).
         """
         plan = _schedule(schedule, n, alpha)
+        if isinstance(plan, AnytimeSchedule):
+            raise ValueError("schedule='anytime' certifies; PREDICT takes 'fixed', 'sequential' "
+                             "or a Schedule")
         x, fn, classes, heads = self._prepare(x)
         engine = self._engine(classes, progress)
         noise, scale = self.noise.engine_noise(), self.noise.scale
@@ -250,7 +254,7 @@ class Smoothed:
     def certify(self, x, key: jax.Array, n0: int, n: int, alpha: float, *,
                 two_class: bool = False, schedule="fixed", target_radius: float | None = None,
                 radius_tolerance: float | None = None, indices=None,
-                progress=None) -> Certificate | SequentialCertificate:
+                progress=None, uniform=None) -> Certificate | SequentialCertificate:
         """Cohen et al.'s ``CERTIFY`` of every input: a class and a certified radius, or abstain.
 
         ``ĉA = argmax`` of ``n0`` selection counts; ``nA`` its count among ``n`` fresh
@@ -263,6 +267,8 @@ class Smoothed:
         ``alpha``): anytime-valid checkpoints up to ``n``, inputs stop at ``target_radius`` /
         within ``radius_tolerance`` / when decided (`cbcert.certify.sequential`; the
         certificate stays valid at level α); the fixed schedule refuses both stopping rules.
+        ``schedule="anytime"`` (or an `AnytimeSchedule`): the same with a confidence sequence
+        (`cbcert.certify.anytime`).
         Gaussian radii use ``min(σ, σ as drawn)``, σ drawn in the inputs' dtype (float32, or
         bfloat16 for bfloat16 inputs).
 
@@ -271,6 +277,8 @@ class Smoothed:
             or pixels). key: root key. n0, n: selection and estimation samples per input.
           alpha: probability that a certificate is wrong, in (0, 1). indices: ``[N]`` global
             input indices (default ``arange(N)``). progress: ``callback(done, total)``.
+          uniform: ``[N]`` draws in [0, 1) for randomized Clopper–Pearson bounds (e.g.
+            `cbcert.certify.randomized.bound_uniforms`); None: the standard bounds.
 
         Returns:
           `Certificate` with fields ``[N]`` (``[N, H]`` with heads): prediction, count_top,
@@ -292,10 +300,14 @@ class Smoothed:
         if len(plan.checkpoints) == 1 and schedule == "fixed":
             counts = count_classes(fn, self.params, x, noise, scale, estimate, n,
                                    indices=indices, **engine)
-            return _heads(certify_counts(select, counts, alpha, rule, two_class=two_class),
-                          heads)
-        trackers = [SequentialCertifier(select[:, h], plan, rule, stopping=stopping,
-                                        two_class=two_class) for h in range(select.shape[1])]
+            per_head = None if uniform is None else np.asarray(uniform)[:, None]  # [N, 1]
+            return _heads(certify_counts(select, counts, alpha, rule, two_class=two_class,
+                                         uniform=per_head), heads)
+        if isinstance(plan, AnytimeSchedule) and target_radius is not None and not two_class:
+            plan = plan.with_target(target_radius, rule)
+        tracker = AnytimeCertifier if isinstance(plan, AnytimeSchedule) else SequentialCertifier
+        trackers = [tracker(select[:, h], plan, rule, stopping=stopping, two_class=two_class,
+                            uniform=uniform) for h in range(select.shape[1])]
         drive_trackers(fn, self.params, x, noise, scale, estimate, plan.checkpoints, trackers,
                        indices=indices, **_memory(engine))
         return _stack([t.results() for t in trackers], heads)
@@ -317,8 +329,16 @@ def smooth(apply_fn: Callable, params: Params, noise: Noise, **engine: Any) -> S
     return Smoothed(apply_fn, params, noise, **engine)
 
 
-def _schedule(schedule, n: int, alpha: float) -> Schedule:
-    """The `Schedule` of a call: a given one must end at ``n`` and spend exactly ``alpha``."""
+def _schedule(schedule, n: int, alpha: float) -> Schedule | AnytimeSchedule:
+    """The `Schedule` of a call: a given one must end at ``n`` and spend exactly ``alpha``
+    (an `AnytimeSchedule`: end at ``n``, at level ``alpha``)."""
+    if isinstance(schedule, AnytimeSchedule):
+        if schedule.n != n or schedule.alpha != check_alpha(alpha):
+            raise ValueError(f"the anytime schedule has n = {schedule.n}, alpha = "
+                             f"{schedule.alpha:g}; the call n = {n}, alpha = {alpha:g}")
+        return schedule
+    if schedule == "anytime":
+        return AnytimeSchedule.geometric(n, alpha)
     if isinstance(schedule, Schedule):
         if schedule.checkpoints[-1] != n:
             raise ValueError(f"schedule ends at n = {schedule.checkpoints[-1]}, but n = {n}")
@@ -331,7 +351,8 @@ def _schedule(schedule, n: int, alpha: float) -> Schedule:
                              "e.g. Schedule.geometric(n, alpha))")
         return schedule
     if schedule not in ("fixed", "sequential"):
-        raise ValueError(f"schedule={schedule!r}; allowed: 'fixed', 'sequential' or a Schedule")
+        raise ValueError(f"schedule={schedule!r}; allowed: 'fixed', 'sequential', 'anytime' or "
+                         "a Schedule")
     return Schedule.of(schedule, n, alpha)
 
 

@@ -108,6 +108,12 @@ def test_sequential_schedule_reports_samples_and_stops_early():
     assert (cert.samples < 4000).all() and (cert.radius >= 0.3).all()
     pred = smoothed.predict(x, jax.random.key(0), 4000, 0.001, schedule="sequential")
     assert pred.prediction.tolist() == [0, 2] and (pred.samples < 4000).all()
+    anytime = smoothed.certify(x, jax.random.key(0), 50, 4000, 0.001, schedule="anytime",
+                               target_radius=0.3)
+    assert anytime.stop_reason.tolist() == ["success", "success"]
+    assert (anytime.samples < cert.samples).all() and (anytime.radius >= 0.3).all()
+    with pytest.raises(ValueError, match="anytime"):
+        smoothed.predict(x, jax.random.key(0), 4000, 0.001, schedule="anytime")
 
 
 def test_bernoulli_noise_flips_concept_pairs():

@@ -14,6 +14,8 @@ from cbcert.certify.bounds import (
     bonferroni_split,
     clopper_pearson_lower,
     clopper_pearson_upper,
+    randomized_clopper_pearson_lower,
+    randomized_clopper_pearson_upper,
 )
 
 
@@ -92,3 +94,34 @@ def test_bonferroni_split():
 def test_docstring_examples():
     result = doctest.testmod(cbcert.certify.bounds)
     assert result.attempted > 0 and result.failed == 0
+
+
+# --- the randomized Clopper–Pearson bound ----------------------------------------------------
+
+
+def test_randomized_bounds_lie_between_the_standard_bounds_of_k_and_k_plus_one():
+    n, alpha = 60, 0.01
+    k = np.arange(n + 1)
+    for u in (0.0, 0.3, 0.999):
+        lower = randomized_clopper_pearson_lower(k, n, alpha, u)
+        assert np.all(lower >= clopper_pearson_lower(k, n, alpha) - 1e-15)
+        assert np.all(lower[:-1] <= clopper_pearson_lower(k[1:], n, alpha) + 1e-15)
+        upper = randomized_clopper_pearson_upper(k, n, alpha, u)
+        assert np.all(upper <= clopper_pearson_upper(k, n, alpha) + 1e-15)
+    np.testing.assert_allclose(randomized_clopper_pearson_lower(k, n, alpha, 0.0),
+                               clopper_pearson_lower(k, n, alpha), rtol=1e-12)
+    with pytest.raises(ValueError, match="uniform=1.0"):
+        randomized_clopper_pearson_lower(3, 10, 0.05, 1.0)
+
+
+@pytest.mark.parametrize("p,n", [(0.3, 40), (0.97, 200)])
+def test_randomized_bounds_cover_exactly_one_minus_alpha(p, n):
+    # Exact coverage, both sides: the count of wrong bounds in 20,000 draws must be consistent
+    # with rate α in a two-sided exact binomial test at 10⁻⁶ (fixed seed; a standard
+    # Clopper–Pearson bound, conservative at this n, would fall far below).
+    draws, alpha = 20_000, 0.05
+    rng = np.random.default_rng(int(p * 100))
+    k, u = rng.binomial(n, p, draws), rng.random(draws)
+    for wrong in (randomized_clopper_pearson_lower(k, n, alpha, u) > p,
+                  randomized_clopper_pearson_upper(k, n, alpha, u) < p):
+        assert stats.binomtest(int(wrong.sum()), draws, alpha).pvalue >= 1e-6

@@ -339,6 +339,53 @@ def test_sequential_cli_flags(world, tmp_path, monkeypatch):
     assert "samples/input" in ok.output and "samples drawn per input" in ok.output
 
 
+def test_anytime_records_keep_the_sequential_fields_and_ignore_the_chunk_size(world, tmp_path):
+    job = dataclasses.replace(SEQUENTIAL_FLIPS, schedule="anytime", first_checkpoint=4,
+                              checkpoint_ratio=1.5)
+    summary = run(world, job, tmp_path / "8", chunk_size=8)
+    run(world, job, tmp_path / "16", chunk_size=16)
+    eight, sixteen = (sorted(map(_strip, _lines(tmp_path / d)), key=_key) for d in ("8", "16"))
+    assert sixteen == eight
+    for r in _lines(tmp_path / "8"):
+        assert SEQUENTIAL_FIELDS <= set(r) and r["certified_samples"] <= r["samples"]
+    assert set(summary["samples"]) == {"total", "per_input", "per_second",
+                                       "fixed_schedule_per_input"}
+    assert {"samples_total", "samples_per_input", "stop_reasons"} <= set(summary["models"]["std"])
+    assert json.loads((tmp_path / "8" / "run.json").read_text())["job"]["schedule"] == "anytime"
+
+
+def test_randomized_bound_certifies_at_least_as_much_from_the_same_votes(world, tmp_path):
+    common = dict(noise="gaussian", scale=0.25, **SMALL)
+    run(world, CertifyJob(**common), tmp_path / "cp")
+    run(world, CertifyJob(bound="randomized", **common), tmp_path / "rand")
+    cp, rand = (sorted(_lines(tmp_path / d), key=_key) for d in ("cp", "rand"))
+    for a, b in zip(cp, rand, strict=True):
+        assert (a["count_top"], a["count_runner_up"]) == (b["count_top"], b["count_runner_up"])
+        assert b["p_lower"] >= a["p_lower"]
+    assert any(b["p_lower"] > a["p_lower"] for a, b in zip(cp, rand, strict=True))
+    assert json.loads((tmp_path / "rand" / "run.json").read_text())["job"]["bound"] == \
+        "randomized"
+    assert "bound" not in json.loads((tmp_path / "cp" / "run.json").read_text())["job"]
+
+
+def test_anytime_cli_refuses_what_it_cannot_do(world, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from cbcert import cli
+    from cbcert.cli import common as cli_common
+
+    monkeypatch.setattr(cli_common, "load_world", lambda name, **_: world)
+    out = ["--quiet", "--out", str(tmp_path / "x"), "--schedule", "anytime"]
+    for args, flag in ((["latent", "--sigma", "0.25", "--final-alpha-share", "0.5"],
+                        "--final-alpha-share"),
+                       (["predict", "--sigma", "0.25"], "--schedule"),
+                       (["latent", "--sigma", "0.25", "--target-radius", "5"],
+                        "--target-radius"),
+                       (["latent", "--sigma", "0.25", "--bound", "randomized"], "--bound")):
+        result = CliRunner().invoke(cli.main, [*args, *out])
+        assert result.exit_code == 2 and flag in result.output, result.output
+
+
 class _FarOutIsNaN(World):
     """The world whose models' logits are NaN for latents with z0 > 50 (far outside the prior)."""
 

@@ -189,7 +189,8 @@ def test_schedule_keys_reach_the_cells_and_stay_out_of_old_manifests(tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     ("latent: {target_radius: 0.5}", "key 'target_radius': got 0.5, which only the sequential"),
-    ("concept: {schedule: adaptive}", "key 'schedule': got 'adaptive', allowed: fixed, sequential"),
+    ("concept: {schedule: adaptive}",
+     "key 'schedule': got 'adaptive', allowed: fixed, sequential, anytime"),
     ("latent: {schedule: sequential, first_checkpoint: 2.5}",
      "key 'first_checkpoint': expected an integer or null, got float 2.5"),
     ("concept: {schedule: sequential, checkpoint_ratio: 1}",

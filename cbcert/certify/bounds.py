@@ -118,6 +118,72 @@ def clopper_pearson_upper(
     return np.where(k == n, 1.0, np.where(k == 0, zero_successes, interior))
 
 
+def _randomized_tail(successes, trials, p, uniform):
+    """``P_p(X > k) + (1 − u)·P_p(X = k)`` for ``X ~ Bin(n, p)``, via regularized incomplete
+    beta functions (``P_p(X >= j) = I_p(j, n − j + 1)``, 1 for j = 0, 0 for j = n + 1)."""
+    k, n = successes, trials
+    at_least_k = np.where(k == 0, 1.0, special.betainc(np.maximum(k, 1), n - k + 1, p))
+    above_k = np.where(k == n, 0.0, special.betainc(k + 1, np.maximum(n - k, 1), p))
+    return uniform * above_k + (1.0 - uniform) * at_least_k
+
+
+def randomized_clopper_pearson_lower(
+    successes: np.ndarray | int, trials: np.ndarray | int, alpha: float,
+    uniform: np.ndarray | float,
+) -> np.ndarray:
+    """Randomized one-sided Clopper–Pearson lower bound at level ``1 − alpha`` (exact coverage).
+
+    With ``T = X + U`` (``U ~ Uniform[0, 1)`` independent of ``X ~ Bin(n, p)``), ``P_p(T >=
+    k + u) = P_p(X > k) + (1 − u) P_p(X = k)`` grows with ``p``; the bound is the ``p`` where it
+    equals α, so ``P(bound > p) = α`` exactly (Stevens 1950; the randomized interval of
+    Voráček, NeurIPS 2024). ``u = 0`` gives `clopper_pearson_lower` (to rounding); ``u > 0`` a
+    larger bound, at most the Clopper–Pearson bound of ``k + 1`` successes. The certificate then
+    depends on ``u``: a different draw certifies a (slightly) different radius, and only the
+    draw's independence of the votes makes it valid. Exact bisection (60 steps), returning the
+    side where the tail is ``<= α``; capped below 1.
+
+    Args:
+      successes, trials: integer counts ``0 <= k <= n``, ``n >= 1``, broadcastable.
+      alpha: error level in (0, 1).
+      uniform: ``u`` in [0, 1), broadcastable with the counts.
+
+    >>> float(randomized_clopper_pearson_lower(1000, 1000, 0.001, 0.0)) == float(
+    ...     clopper_pearson_lower(1000, 1000, 0.001))
+    True
+    >>> round(float(randomized_clopper_pearson_lower(1000, 1000, 0.001, 0.5)), 6)  # (2α)^(1/n)
+    0.993805
+    """
+    alpha = check_alpha(alpha)
+    k, n = check_counts(successes, trials)
+    u = np.asarray(uniform, np.float64)
+    if np.any(~((u >= 0.0) & (u < 1.0))):
+        raise ValueError(f"uniform={u[~((u >= 0) & (u < 1))].flat[0].item()!r} is outside the "
+                         "allowed range [0, 1)")
+    k, n, u = np.broadcast_arrays(k, n, u)
+    low, high = np.zeros(k.shape), np.ones(k.shape)  # tail(low) <= α < tail(high), or ends
+    for _ in range(60):
+        mid = 0.5 * (low + high)
+        above = _randomized_tail(k, n, mid, u) > alpha
+        low, high = np.where(above, low, mid), np.where(above, mid, high)
+    return np.minimum(low, _BELOW_ONE)
+
+
+def randomized_clopper_pearson_upper(
+    successes: np.ndarray | int, trials: np.ndarray | int, alpha: float,
+    uniform: np.ndarray | float,
+) -> np.ndarray:
+    """Randomized one-sided Clopper–Pearson upper bound: ``1 −`` the lower bound of the
+    failures (same ``u``), rounded up one ulp; ``P(bound < p) = α``.
+
+    >>> float(randomized_clopper_pearson_upper(0, 1000, 0.001, 0.0)) >= float(
+    ...     clopper_pearson_upper(0, 1000, 0.001))
+    True
+    """
+    k, n = check_counts(successes, trials)
+    lower = randomized_clopper_pearson_lower(n - k, n, alpha, uniform)
+    return np.minimum(1.0, np.nextafter(1.0 - lower, 2.0))
+
+
 def binomial_test_half(successes: np.ndarray | int, trials: np.ndarray | int) -> np.ndarray:
     """Two-sided exact binomial test p-value of ``k`` successes in ``n`` trials against p = 1/2.
 

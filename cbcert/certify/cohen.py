@@ -29,6 +29,8 @@ from cbcert.certify.bounds import (
     check_alpha,
     clopper_pearson_lower,
     clopper_pearson_upper,
+    randomized_clopper_pearson_lower,
+    randomized_clopper_pearson_upper,
 )
 
 ABSTAIN = -1
@@ -113,6 +115,7 @@ def certify_counts(
     radius_rule: RadiusRule,
     *,
     two_class: bool = False,
+    uniform: np.ndarray | None = None,
 ) -> Certificate:
     """Cohen et al. (2019) ``CERTIFY`` from selection and estimation class counts.
 
@@ -134,6 +137,9 @@ def certify_counts(
       alpha: probability that a returned certificate is wrong, in (0, 1).
       radius_rule: e.g. ``L2Radius(sigma)`` or ``BernoulliHammingRadius(rho, num_concepts)``.
       two_class: use the two-class bound with the runner-up (α split in two).
+      uniform: ``[...]`` draws in [0, 1) for the randomized Clopper–Pearson bounds
+        (`cbcert.certify.bounds.randomized_clopper_pearson_lower`, same ``u`` for both
+        two-class bounds); None (default): the standard bounds.
 
     Returns:
       :class:`Certificate` with fields of shape ``[...]``.
@@ -156,14 +162,22 @@ def certify_counts(
     n = estimate.sum(axis=-1)
     count_top = np.take_along_axis(estimate, top[..., None], axis=-1)[..., 0]
     count_second = np.take_along_axis(estimate, second[..., None], axis=-1)[..., 0]
+    if uniform is None:
+        lower, upper = clopper_pearson_lower, clopper_pearson_upper
+    else:
+        def lower(k, trials, level):
+            return randomized_clopper_pearson_lower(k, trials, level, uniform)
+
+        def upper(k, trials, level):
+            return randomized_clopper_pearson_upper(k, trials, level, uniform)
     if two_class:
         level = bonferroni_split(alpha, 2)
-        p_lower = clopper_pearson_lower(count_top, n, level)
-        p_upper = clopper_pearson_upper(count_second, n, level)
+        p_lower = lower(count_top, n, level)
+        p_upper = upper(count_second, n, level)
         abstain = ~(p_lower > p_upper)
         radius = radius_rule.radius(p_lower, p_upper)
     else:
-        p_lower = clopper_pearson_lower(count_top, n, alpha)
+        p_lower = lower(count_top, n, alpha)
         p_upper = 1.0 - p_lower
         abstain = p_lower < 0.5
         radius = radius_rule.radius(p_lower, None)

@@ -161,7 +161,7 @@ def check_schedule_options(first, ratio, final_share=None) -> None:
                      f"{final_share!r}", "(0, 1)")
 
 
-SCHEDULES = ("fixed", "sequential")
+SCHEDULES = ("fixed", "sequential", "anytime")
 # The settings of a sequential run besides ``schedule`` (None: the default; off for stopping).
 SEQUENTIAL_KEYS = ("target_radius", "radius_tolerance", "first_checkpoint", "checkpoint_ratio",
                    "final_alpha_share")
@@ -171,15 +171,25 @@ def check_settings(schedule: str, *, mode: str = "certify", n: int | None = None
                    **settings) -> None:
     """Raise `ConfigError` (naming the key) unless the schedule settings are valid together.
 
-    ``schedule`` must be ``fixed`` or ``sequential``; ``settings`` are the `SEQUENTIAL_KEYS`
-    (None = unset), checked against their ranges, refused with the fixed schedule (which
-    would ignore them) and, for ``target_radius``/``radius_tolerance``, with ``PREDICT``.
-    Given the run's ``n``, a ``first_checkpoint`` above it is refused too (`Schedule.geometric`
-    would quietly make that the fixed schedule; ``first_checkpoint = n`` asks for it).
+    ``schedule`` must be ``fixed``, ``sequential`` or ``anytime``; ``settings`` are the
+    `SEQUENTIAL_KEYS` (None = unset), checked against their ranges, refused with the fixed
+    schedule (which would ignore them) and, for ``target_radius``/``radius_tolerance``, with
+    ``PREDICT``. Given the run's ``n``, a ``first_checkpoint`` above it is refused too
+    (`Schedule.geometric` would quietly make that the fixed schedule; ``first_checkpoint = n``
+    asks for it). The anytime schedule (`cbcert.certify.anytime`) certifies only (its
+    confidence sequence bounds one class, not PREDICT's comparison of two) and spends no α on
+    checkpoints, so ``final_alpha_share`` is refused with it.
     """
     if schedule not in SCHEDULES:
-        raise _error("schedule", schedule, f"got {schedule!r}, allowed: fixed, sequential",
-                     "fixed, sequential")
+        raise _error("schedule", schedule, f"got {schedule!r}, allowed: "
+                     f"{', '.join(SCHEDULES)}", ", ".join(SCHEDULES))
+    if schedule == "anytime" and mode == "predict":
+        raise _error("schedule", schedule, "got 'anytime', allowed with PREDICT: fixed, "
+                     "sequential (the anytime schedule certifies)", "fixed, sequential")
+    if schedule == "anytime" and settings.get("final_alpha_share") is not None:
+        value = settings["final_alpha_share"]
+        raise _error("final_alpha_share", value, f"got {value!r}, which only the sequential "
+                     "schedule uses (the anytime schedule spends no α on checkpoints)")
     unknown = set(settings) - set(SEQUENTIAL_KEYS)
     if unknown:
         raise ValueError(f"unknown schedule settings {sorted(unknown)}")
@@ -191,11 +201,12 @@ def check_settings(schedule: str, *, mode: str = "certify", n: int | None = None
         if value is None:
             continue
         if schedule == "fixed":
-            raise _error(key, value, f"got {value!r}, which only the sequential schedule uses")
+            raise _error(key, value, f"got {value!r}, which only the sequential and anytime "
+                         "schedules use")
         if mode == "predict" and key in ("target_radius", "radius_tolerance"):
             raise _error(key, value, f"got {value!r}; PREDICT certifies no radius")
     first = settings.get("first_checkpoint")
-    if schedule == "sequential" and first is not None and n is not None and first > n:
+    if schedule != "fixed" and first is not None and n is not None and first > n:
         raise _error("first_checkpoint", first, f"got {first}, allowed range [1, n={n}] (the "
                      "checkpoints end at n)", f"[1, {n}]")
 

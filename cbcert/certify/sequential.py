@@ -159,8 +159,12 @@ class SequentialCertifier:
     """
 
     def __init__(self, counts_select: np.ndarray, schedule: Schedule, radius_rule: RadiusRule,
-                 *, stopping: Stopping | None = None, two_class: bool = False):
+                 *, stopping: Stopping | None = None, two_class: bool = False,
+                 uniform: np.ndarray | None = None):
         self.select = np.asarray(counts_select)
+        # ``[N]`` draws of the randomized Clopper–Pearson bounds (one per input, used at every
+        # checkpoint: the union bound needs no independence), or None.
+        self.uniform = None if uniform is None else np.asarray(uniform, np.float64)
         if self.select.ndim != 2:
             raise ValueError(f"counts_select has shape {self.select.shape}; expected [N, C]")
         self.schedule, self.rule = schedule, radius_rule
@@ -191,8 +195,7 @@ class SequentialCertifier:
         if np.any(c.sum(axis=-1) != trials):
             raise ValueError(f"checkpoint {k} needs {trials} samples per input; got "
                              f"{sorted(set(c.sum(axis=-1).tolist()))}")
-        cert = certify_counts(self.select[r], c, schedule.alphas[k], self.rule,
-                              two_class=self.two_class)
+        cert = self._certify(r, c, k)
         key = _as_key(cert.radius)
         better = (key > self.best_radius[r]) | (
             (key == self.best_radius[r]) & (cert.p_lower >= self.best_p_lower[r]))
@@ -210,8 +213,7 @@ class SequentialCertifier:
         if last:
             reach = np.full(r.shape, -np.inf)
         else:
-            reach = reachable_radius(cert.count_top, cert.count_runner_up, k, schedule,
-                                     self.rule, two_class=self.two_class)
+            reach = self._reach(cert, k)
         success = np.zeros(r.shape, bool) if target is None else best >= target
         futile = reach <= best
         if target is not None:
@@ -227,6 +229,18 @@ class SequentialCertifier:
         self.stop_reason[done_rows] = reason[stopped]
         stop[live] = stopped
         return stop
+
+    def _certify(self, rows: np.ndarray, counts: np.ndarray, k: int) -> Certificate:
+        """Checkpoint ``k``'s certificate of inputs ``rows[m]`` with counts ``[m, C]``:
+        Clopper–Pearson (randomized with ``uniform``) at ``α_k``."""
+        uniform = None if self.uniform is None else self.uniform[rows]
+        return certify_counts(self.select[rows], counts, self.schedule.alphas[k], self.rule,
+                              two_class=self.two_class, uniform=uniform)
+
+    def _reach(self, cert: Certificate, k: int) -> np.ndarray:
+        """The optimistic radius ``[m]`` a later checkpoint could certify (`reachable_radius`)."""
+        return reachable_radius(cert.count_top, cert.count_runner_up, k, self.schedule,
+                                self.rule, two_class=self.two_class)
 
     def results(self, rows=None) -> SequentialCertificate:
         """The `SequentialCertificate` of inputs ``rows[m]`` (default all), which have stopped."""

@@ -39,11 +39,12 @@ def certify_options(fn):
                           f"[default: {','.join(_default('models'))}; pixels worlds: std]."),
         click.option("--two-class", is_flag=True,
                      help="Two-class bound with the runner-up (α split between the bounds)."),
-        click.option("--schedule", type=click.Choice(["fixed", "sequential"]),
+        click.option("--schedule", type=click.Choice(["fixed", "sequential", "anytime"]),
                      default=_default("schedule"), show_default=True,
                      help="fixed: --n estimation samples per input (Cohen's CERTIFY); "
                           "sequential: anytime-valid checkpoints up to --n, each input stops "
-                          "once decided (not with --flips)."),
+                          "once decided (not with --flips); anytime: a confidence sequence "
+                          "read at every checkpoint, no α spent on them (certify only)."),
         click.option("--target-radius", type=float, default=None,
                      help="Sequential: stop an input once certified at this radius, or once "
                           "it is out of reach."),
@@ -51,13 +52,20 @@ def certify_options(fn):
                      help="Sequential: stop an input once at most this much radius could "
                           "still be gained."),
         click.option("--first-checkpoint", type=int, default=None,
-                     help="Sequential: first checkpoint, at most --n [default: 32]; the next "
-                          "ones grow by --checkpoint-ratio up to --n."),
+                     help="Sequential: first checkpoint, at most --n [default: 32; anytime: "
+                          "1]; the next ones grow by --checkpoint-ratio up to --n."),
         click.option("--checkpoint-ratio", type=float, default=None,
-                     help="Sequential: growth factor of the checkpoints [default: 2]."),
+                     help="Sequential: growth factor of the checkpoints [default: 2; anytime: "
+                          "1.05]."),
         click.option("--final-alpha-share", type=float, default=None,
                      help="Sequential: share of --alpha spent at the last checkpoint --n "
                           "[default: 0.5]; the rest is split evenly over the earlier ones."),
+        click.option("--bound", type=click.Choice(["clopper-pearson", "randomized"]),
+                     default="clopper-pearson", show_default=True,
+                     help="randomized: the randomized Clopper–Pearson bound (exact coverage, "
+                          "never below the standard one), whose certificate also depends on a "
+                          "uniform draw keyed by --seed and the input (fixed and sequential "
+                          "certify runs)."),
         click.option("--subsets", type=int, default=0, show_default=True,
                      help="Also report SmAcc, ACR and the radius of correct inputs as mean ± sd "
                           "over this many random subsets of the certified inputs, with paired "
@@ -108,6 +116,7 @@ def run_certification(noise: str, scale, mode: str, opts: dict) -> dict:
                          models=common.names(models), seed=opts["seed"],
                          num_inputs=opts["inputs"], batch=opts["batch"], dtype=opts["dtype"],
                          num_subsets=opts["subsets"], subset_size=opts["subset_size"],
+                         bound=opts["bound"].replace("-", "_"),
                          **{key: opts[key] for key in SCHEDULE_KEYS})
     common.check_memory(opts["chunk_size"], opts["max_memory"])
     prefix = "predict-" if mode == "predict" else ""
@@ -132,7 +141,7 @@ def print_summary(summary: dict, job: CertifyJob, world, out: Path) -> None:
     hamming = job.hamming
     unit = "Hamming" if hamming else "L2"
     title = (f"{job.mode} on {world.name}: {job.smoothing.symbol} = {job.scale:g}, "
-             f"n0 = {job.n0}, n {'≤' if job.schedule == 'sequential' else '='} {job.n}, "
+             f"n0 = {job.n0}, n {'=' if job.schedule == 'fixed' else '≤'} {job.n}, "
              f"α = {job.alpha:g}, {job.num_inputs} inputs")
     table = Table(title=title)
     table.add_column("model")
@@ -143,7 +152,7 @@ def print_summary(summary: dict, job: CertifyJob, world, out: Path) -> None:
         for r in marks:
             table.add_column(f"CA@{r:g}", justify="right")
     table.add_column("abstain", justify="right")
-    sequential = job.schedule == "sequential"
+    sequential = job.schedule != "fixed"
     if sequential:
         table.add_column("samples/input", justify="right")
     table.add_column("time/input", justify="right")
@@ -166,7 +175,7 @@ def print_summary(summary: dict, job: CertifyJob, world, out: Path) -> None:
         _print_subsets(summary["subsets"], job)
     if sequential:
         drawn = summary["samples"]
-        common.console.print(f"sequential: {drawn['per_input']:.0f} samples drawn per input "
+        common.console.print(f"{job.schedule}: {drawn['per_input']:.0f} samples drawn per input "
                              f"(fixed schedule: {drawn['fixed_schedule_per_input']}), "
                              f"{drawn['total']} in all")
     common.console.print(f"{unit} radii; records and summary in {out}/")

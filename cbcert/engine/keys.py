@@ -29,6 +29,7 @@ class Stream(enum.IntEnum):
     EOT = 4  # attack: the smoothed attack's noise samples
     SUBSETS = 5  # perturb: the paired subsets (numpy entropy ``(seed, 5)``)
     CLASSES = 6  # the class each pool input asks a multi-class conditional generator for
+    BOUND = 7  # CERTIFY with --bound randomized: each input's uniform draw
 
 
 STREAM_SELECT = Stream.SELECT

@@ -25,7 +25,9 @@ import numpy as np
 
 from cbcert.api import Noise, Smoothed
 from cbcert.certify import metrics
+from cbcert.certify.anytime import AnytimeSchedule
 from cbcert.certify.cohen import ABSTAIN
+from cbcert.certify.randomized import BOUNDS, bound_uniforms
 from cbcert.certify.schedule import SEQUENTIAL_KEYS, Schedule, Stopping, check_settings
 from cbcert.certify.sequential import STOP_REASONS
 from cbcert.certify.smoothing import Smoothing, smoothing
@@ -64,12 +66,18 @@ class CertifyJob:
       batch: inputs per engine call (a unit of progress and of resumption; fixed schedule);
         it never changes records, so ``run.json`` records it but a rerun may change it.
       dtype: compute dtype of generator and classifiers (``float32`` or ``bfloat16``).
-      schedule: ``fixed`` (Cohen's n for every input) or ``sequential`` (anytime-valid
+      schedule: ``fixed`` (Cohen's n for every input), ``sequential`` (anytime-valid
         checkpoints up to n, `cbcert.certify.sequential`; inputs stop early, records add
-        ``samples`` and ``stop_reason``; not with ``fixed`` noise).
+        ``samples`` and ``stop_reason``; not with ``fixed`` noise) or ``anytime`` (the same
+        records from a confidence sequence read at every checkpoint, `cbcert.certify.anytime`;
+        certify only).
       target_radius, radius_tolerance: the sequential stopping rules (`Stopping`; certify).
       first_checkpoint, checkpoint_ratio, final_alpha_share: the sequential checkpoints and
-        levels (`Schedule.geometric`; None = its default; ``first_checkpoint <= n``).
+        levels (`Schedule.geometric`; anytime: `AnytimeSchedule.geometric`, which takes no
+        ``final_alpha_share``; None = its default; ``first_checkpoint <= n``).
+      bound: ``clopper_pearson`` (default) or ``randomized`` (the randomized Clopper–Pearson
+        bound with each input's keyed uniform draw, `cbcert.certify.randomized`; fixed and
+        sequential certify runs; pinned only when randomized).
       num_subsets, subset_size: the summary also reports SmAcc, ACR and the radius of correct
         inputs as mean ± sd over ``num_subsets`` random subsets of ``subset_size`` certified
         inputs, with paired permutation tests between models (`cbcert.robustness.
@@ -88,12 +96,13 @@ class CertifyJob:
     num_inputs: int = 100
     batch: int = 10
     dtype: str = "float32"
-    schedule: Literal["fixed", "sequential"] = "fixed"
+    schedule: Literal["fixed", "sequential", "anytime"] = "fixed"
     target_radius: float | None = None
     radius_tolerance: float | None = None
     first_checkpoint: int | None = None
     checkpoint_ratio: float | None = None
     final_alpha_share: float | None = None
+    bound: Literal["clopper_pearson", "randomized"] = "clopper_pearson"
     num_subsets: int = 0
     subset_size: int = 0
 
@@ -114,29 +123,47 @@ class CertifyJob:
             raise ConfigError(f"two_class=True: {detail}", key="two_class", value=True,
                               detail=detail)
         self._check_schedule()
+        self._check_bound()
         check_subsets(self.num_subsets, self.subset_size, self.num_inputs)
 
     def _check_schedule(self) -> None:
         check_settings(self.schedule, mode=self.mode, n=self.n,
                        **{key: getattr(self, key) for key in SEQUENTIAL_KEYS})
-        if self.noise == "fixed" and self.schedule == "sequential":
-            detail = ("got 'sequential', allowed: fixed; the sequential schedule is for Gaussian "
-                      "(σ) and Bernoulli (ρ) noise, not fixed-count flips")
-            raise ConfigError(f"schedule='sequential': {detail}", key="schedule",
+        if self.noise == "fixed" and self.schedule != "fixed":
+            detail = (f"got {self.schedule!r}, allowed: fixed; the {self.schedule} schedule is "
+                      "for Gaussian (σ) and Bernoulli (ρ) noise, not fixed-count flips")
+            raise ConfigError(f"schedule={self.schedule!r}: {detail}", key="schedule",
                               value=self.schedule, allowed="fixed", detail=detail)
+
+    def _check_bound(self) -> None:
+        if self.bound not in BOUNDS:
+            detail = f"got {self.bound!r}, allowed: {', '.join(BOUNDS)}"
+        elif self.bound == "randomized" and (self.mode == "predict"
+                                             or self.schedule == "anytime"):
+            detail = ("got 'randomized', allowed with PREDICT or the anytime schedule: "
+                      "clopper_pearson (the randomized bound is a fixed-n Clopper–Pearson bound)")
+        else:
+            return
+        raise ConfigError(f"bound={self.bound!r}: {detail}", key="bound", value=self.bound,
+                          allowed=", ".join(BOUNDS), detail=detail)
 
     def pinned(self) -> dict[str, Any]:
         """The settings ``run.json`` pins: the sequential keys only in sequential runs, so that
         fixed-schedule run directories made before they existed still resume."""
         settings = asdict(self)
         del settings["num_subsets"], settings["subset_size"]  # analysis only
+        if self.bound == "clopper_pearson":  # run directories made before the key still resume
+            del settings["bound"]
         if self.schedule == "fixed":
             for key in ("schedule", *SEQUENTIAL_KEYS):
                 del settings[key]
         return settings
 
-    def plan(self) -> Schedule:
+    def plan(self) -> Schedule | AnytimeSchedule:
         """The checkpoints and levels of this job (`Schedule.fixed` for the fixed schedule)."""
+        if self.schedule == "anytime":
+            return AnytimeSchedule.geometric(self.n, self.alpha, first=self.first_checkpoint,
+                                             ratio=self.checkpoint_ratio)
         return Schedule.of(self.schedule, self.n, self.alpha, first=self.first_checkpoint,
                            ratio=self.checkpoint_ratio, final_share=self.final_alpha_share)
 
@@ -209,7 +236,7 @@ def records_of(path: Path, job: CertifyJob, indices) -> list[dict]:
     indices = set(map(int, indices))
     models = set(job.models)
     types = {**_RECORD_TYPES, **(_CERTIFY_TYPES if job.mode == "certify" else _PREDICT_TYPES)}
-    if job.schedule == "sequential":
+    if job.schedule != "fixed":
         types.update(_SEQUENTIAL_TYPES)
         if job.mode == "certify":
             types.update(_SEQUENTIAL_CERTIFY_TYPES)
@@ -219,7 +246,7 @@ def records_of(path: Path, job: CertifyJob, indices) -> list[dict]:
         check_types(record, {k: v for k, v in _INPUT_TYPES.items() if k in record})
         check_field(record, "index", indices, "an input of this run")
         check_field(record, "model", models, f"one of the run's models {sorted(models)}")
-        if job.schedule == "sequential":
+        if job.schedule != "fixed":
             check_field(record, "stop_reason", set(STOP_REASONS), f"one of {STOP_REASONS}")
 
     return read_records(path, key=lambda r: (r["index"], r["model"]), check=check)
@@ -244,8 +271,8 @@ def run(
     world) and finally ``summary.json``. ``seconds`` is the wall
     time of the input's batch divided by its size (all models share the generated images).
 
-    With ``job.schedule == "sequential"`` the estimation samples run through the continuous
-    sampler (``cbcert.engine.continuous``) over all unfinished inputs at once; an input's
+    With ``job.schedule`` ``sequential`` or ``anytime`` the estimation samples run through the
+    continuous sampler (``cbcert.engine.continuous``) over all unfinished inputs at once; an input's
     records are appended when every model has stopped, with ``samples`` (estimation samples
     the model used), ``stop_reason`` and, certify only, ``certified_samples`` (``n_k`` of the
     reported bound); ``seconds`` is its share of the selection pass plus the time of the
@@ -302,7 +329,7 @@ def _run(world, job: CertifyJob, directory: Session, progress, chunk_size, max_m
         dtype="bfloat16" if job.dtype == "bfloat16" else None,
     )
 
-    if preflight and job.schedule == "sequential" and not records:
+    if preflight and job.schedule != "fixed" and not records:
         with _naming_models(job.models):
             sequential.pilot(job, apply_fn, params, inputs, noise,
                              stream_key(root, Stream.ESTIMATE), common)
@@ -315,7 +342,7 @@ def _run(world, job: CertifyJob, directory: Session, progress, chunk_size, max_m
                         num_classes=world.num_classes, chunk_size=chunk_size,
                         max_memory=max_memory, dtype=common["dtype"])
     with directory.append() as sink, _naming_models(job.models, records_path):
-        if job.schedule == "sequential" and todo:
+        if job.schedule != "fixed" and todo:
             model = sequential.Sampling(apply_fn, params, noise, rule, root, common)
             sequential.run_sequential(job, pool, np.asarray(todo), done, inputs, model, sink,
                                       progress, finished)
@@ -324,8 +351,10 @@ def _run(world, job: CertifyJob, directory: Session, progress, chunk_size, max_m
             idx = pool.indices[rows]
             start = time.perf_counter()
             if job.mode == "certify":
+                uniform = (bound_uniforms(root, idx) if job.bound == "randomized" else None)
                 result = smoothed.certify(inputs[rows], root, job.n0, job.n, job.alpha,
-                                          two_class=job.two_class, indices=idx)  # [T, H]
+                                          two_class=job.two_class, indices=idx,
+                                          uniform=uniform)  # [T, H]
                 extra = {"p_lower": result.p_lower, "p_upper": result.p_upper,
                          "radius": result.radius}
             else:
@@ -412,10 +441,10 @@ def summarize_records(records: list[dict], job: CertifyJob, num_concepts: int) -
             entry["radius_of_correct"] = finite_or_none(s.radius_of_correct)
             entry["radius_grid"] = s.radius_grid.tolist()
             entry["certified_accuracy"] = s.certified_accuracy.tolist()
-        if job.schedule == "sequential":
+        if job.schedule != "fixed":
             entry.update(sequential.model_samples(rows))
         result["models"][model] = entry
-    if job.schedule == "sequential":
+    if job.schedule != "fixed":
         result["samples"] = sequential.samples_drawn(records, job)
     if job.num_subsets:
         result["subsets"] = records_subset_summary(

@@ -114,7 +114,7 @@ class LatentConfig(_Schedule, Section):
     alpha: float = field(default=0.001, metadata=rule("alpha"))
     two_class: bool = False
     models: tuple[str, ...] = field(default=_MODELS, metadata={"nonempty": True})
-    schedule: Literal["fixed", "sequential"] = "fixed"
+    schedule: Literal["fixed", "sequential", "anytime"] = "fixed"
     target_radius: float | None = None
     radius_tolerance: float | None = None
     first_checkpoint: int | None = None
@@ -145,7 +145,7 @@ class ConceptConfig(_Schedule, Section):
     alpha: float = field(default=0.001, metadata=rule("alpha"))
     models: tuple[str, ...] = field(default=_MODELS, metadata={"nonempty": True})
     two_class: bool = False
-    schedule: Literal["fixed", "sequential"] = "fixed"
+    schedule: Literal["fixed", "sequential", "anytime"] = "fixed"
     target_radius: float | None = None
     radius_tolerance: float | None = None
     first_checkpoint: int | None = None

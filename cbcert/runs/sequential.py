@@ -1,6 +1,6 @@
-"""The sequential schedule of certification runs: pre-flight checks, continuous-batching
-sampling and its records, summary entries (``runs.certify`` calls these for
-``job.schedule == "sequential"``; ``job`` is a ``runs.certify.CertifyJob``).
+"""The sequential and anytime schedules of certification runs: pre-flight checks,
+continuous-batching sampling and its records, summary entries (``runs.certify`` calls these for
+``job.schedule`` ``sequential`` or ``anytime``; ``job`` is a ``runs.certify.CertifyJob``).
 
 Estimation samples of all unfinished inputs run through ``cbcert.engine.continuous`` at once;
 each model keeps its own `cbcert.certify.sequential` tracker, an input stops when every model
@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from cbcert.api import drive_trackers
+from cbcert.certify.anytime import (
+    AnytimeCertifier,
+    largest_radius_anytime,
+    samples_needed_anytime,
+)
 from cbcert.certify.bounds import binomial_test_half
+from cbcert.certify.randomized import bound_uniforms
 from cbcert.certify.schedule import largest_radius, samples_needed
 from cbcert.certify.sequential import (
     STOP_REASONS,
@@ -42,6 +48,9 @@ def check_certifiable(job, num_concepts: int) -> None:
     ``n >= ⌈ln α / ln Φ(r/σ)⌉`` for radius r: ``n = 1000`` caps R/σ at 2.463 at α = 0.001.
     """
     schedule = job.plan()
+    if job.schedule == "anytime":
+        _check_anytime(job, schedule, num_concepts)
+        return
     if job.mode == "predict":
         if not any(binomial_test_half(c, c) <= a
                    for c, a in zip(schedule.checkpoints, schedule.alphas, strict=True)):
@@ -63,6 +72,25 @@ def check_certifiable(job, num_concepts: int) -> None:
         unit = "" if job.hamming else f" (R/{job.smoothing.symbol} = {largest / job.scale:.4g})"
         detail = (f"got {target:g}, but n = {job.n} at α = {job.alpha:g} certifies at most "
                   f"{largest:.4g}{unit}; "
+                  + (f"n >= {need} needed" if need else "no n < 2**31 reaches it"))
+        raise ConfigError(f"key 'target_radius': {detail}", key="target_radius",
+                          value=target, detail=detail)
+
+
+def _check_anytime(job, schedule, num_concepts: int) -> None:
+    """`check_certifiable` for the anytime schedule: the confidence sequence's bound at n."""
+    rule = job.smoothing.radius_rule(job.scale, num_concepts)
+    largest = largest_radius_anytime(schedule, rule, two_class=job.two_class)
+    if np.isnan(largest):
+        need = samples_needed_anytime(0.0, job.alpha, rule, two_class=job.two_class)
+        detail = (f"n = {job.n} samples cannot certify any radius at α = {job.alpha:g} with "
+                  f"the anytime schedule: even unanimous votes abstain; n >= {need} needed")
+        raise ConfigError(f"key 'n': {detail}", key="n", value=job.n, detail=detail)
+    target = job.target_radius
+    if target is not None and target > largest:
+        need = samples_needed_anytime(target, job.alpha, rule, two_class=job.two_class)
+        detail = (f"got {target:g}, but n = {job.n} at α = {job.alpha:g} certifies at most "
+                  f"{largest:.4g} with the anytime schedule; "
                   + (f"n >= {need} needed" if need else "no n < 2**31 reaches it"))
         raise ConfigError(f"key 'target_radius': {detail}", key="target_radius",
                           value=target, detail=detail)
@@ -107,15 +135,23 @@ def run_sequential(job, pool, rows: np.ndarray, done: set, inputs, model: Sampli
     """Sequential CERTIFY/PREDICT of inputs ``rows`` (continuous batching); appends records."""
     idx = pool.indices[rows]
     schedule = job.plan()
+    if job.schedule == "anytime" and job.target_radius is not None and not job.two_class:
+        schedule = schedule.with_target(job.target_radius, model.rule)
     memory = {k: model.common[k] for k in ("num_classes", "chunk_size", "max_memory", "dtype")}
     start = time.perf_counter()
     if job.mode == "certify":
         select = count_classes(model.apply_fn, model.params, inputs[rows], model.noise,
                                job.scale, stream_key(model.root, Stream.SELECT), job.n0,
                                indices=idx, **model.common)  # [T, H, C]
-        trackers = [SequentialCertifier(select[:, h], schedule, model.rule,
-                                        stopping=job.stopping, two_class=job.two_class)
-                    for h in range(len(job.models))]
+        if job.schedule == "anytime":
+            trackers = [AnytimeCertifier(select[:, h], schedule, model.rule,
+                                         stopping=job.stopping, two_class=job.two_class)
+                        for h in range(len(job.models))]
+        else:
+            uniform = bound_uniforms(model.root, idx) if job.bound == "randomized" else None
+            trackers = [SequentialCertifier(select[:, h], schedule, model.rule,
+                                            stopping=job.stopping, two_class=job.two_class,
+                                            uniform=uniform) for h in range(len(job.models))]
     else:
         trackers = [SequentialPredictor(len(rows), schedule) for _ in job.models]
     select_seconds = (time.perf_counter() - start) / len(rows)
