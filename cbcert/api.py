@@ -205,9 +205,9 @@ class Smoothed:
         fold_in(stream_key(key, stream), indices[i]), j)``.
         """
         x, fn, classes, heads = self._prepare(x)
-        out = count_classes(fn, self.params, x, self.noise.engine_noise(), self.noise.scale,
-                            stream_key(key, stream), n, indices=indices,
-                            **self._engine(classes, progress))
+        out = count_classes(fn, self.params, x, self.noise.engine_noise(),
+                            stream_key(key, stream), n, scale=self.noise.scale,
+                            indices=indices, **self._engine(classes, progress))
         return out if heads else out[:, 0]
 
     def predict(self, x, key: jax.Array, n: int, alpha: float, *, schedule="fixed",
@@ -239,12 +239,12 @@ class Smoothed:
         noise, scale = self.noise.engine_noise(), self.noise.scale
         estimate = stream_key(key, Stream.ESTIMATE)
         if len(plan.checkpoints) == 1 and schedule == "fixed":
-            counts = count_classes(fn, self.params, x, noise, scale, estimate, n,
+            counts = count_classes(fn, self.params, x, noise, estimate, n, scale=scale,
                                    indices=indices, **engine)  # [N, H, C]
             return _heads(predict_counts(counts, alpha), heads)
         trackers = [SequentialPredictor(len(x), plan) for _ in range(max(heads, 1))]
-        drive_trackers(fn, self.params, x, noise, scale, estimate, plan.checkpoints, trackers,
-                       indices=indices, **_memory(engine))
+        drive_trackers(fn, self.params, x, noise, estimate, plan.checkpoints, trackers,
+                       scale=scale, indices=indices, **_memory(engine))
         return _stack([t.results() for t in trackers], heads)
 
     def certify(self, x, key: jax.Array, n0: int, n: int, alpha: float, *,
@@ -286,18 +286,18 @@ class Smoothed:
         engine = self._engine(classes, progress)
         noise, scale = self.noise.engine_noise(), self.noise.scale
         rule = self.noise.radius_rule(jax.dtypes.canonicalize_dtype(x.dtype))
-        select = count_classes(fn, self.params, x, noise, scale, stream_key(key, Stream.SELECT),
-                               n0, indices=indices, **engine)  # [N, H, C]
+        select = count_classes(fn, self.params, x, noise, stream_key(key, Stream.SELECT), n0,
+                               scale=scale, indices=indices, **engine)  # [N, H, C]
         estimate = stream_key(key, Stream.ESTIMATE)
         if len(plan.checkpoints) == 1 and schedule == "fixed":
-            counts = count_classes(fn, self.params, x, noise, scale, estimate, n,
+            counts = count_classes(fn, self.params, x, noise, estimate, n, scale=scale,
                                    indices=indices, **engine)
             return _heads(certify_counts(select, counts, alpha, rule, two_class=two_class),
                           heads)
         trackers = [SequentialCertifier(select[:, h], plan, rule, stopping=stopping,
                                         two_class=two_class) for h in range(select.shape[1])]
-        drive_trackers(fn, self.params, x, noise, scale, estimate, plan.checkpoints, trackers,
-                       indices=indices, **_memory(engine))
+        drive_trackers(fn, self.params, x, noise, estimate, plan.checkpoints, trackers,
+                       scale=scale, indices=indices, **_memory(engine))
         return _stack([t.results() for t in trackers], heads)
 
 
@@ -355,14 +355,15 @@ def _memory(engine: dict) -> dict:
     return {k: engine[k] for k in ("num_classes", "chunk_size", "max_memory", "mesh", "dtype")}
 
 
-def drive_trackers(fn: Callable, params, x, noise, scale, key: jax.Array, checkpoints,
-                   trackers: list, *, finished=None, **engine: Any) -> None:
+def drive_trackers(fn: Callable, params, x, noise, key: jax.Array, checkpoints,
+                   trackers: list, *, scale, finished=None, **engine: Any) -> None:
     """Drive one sequential tracker per head through the continuous sampler.
 
     An input stops once every head's tracker (`SequentialCertifier` / `SequentialPredictor`)
     has stopped it at a checkpoint: ``decide(rows, k, counts[m, H, C])`` is the AND over heads
-    of ``trackers[h].step(rows, k, counts[:, h])``. ``finished`` and ``engine`` (num_classes,
-    indices, chunk_size, max_memory, mesh, dtype) are `count_classes_sequential`'s.
+    of ``trackers[h].step(rows, k, counts[:, h])``. ``scale`` (keyword-only), ``finished`` and
+    ``engine`` (num_classes, indices, chunk_size, max_memory, mesh, dtype) are
+    `count_classes_sequential`'s.
     """
 
     def decide(rows, k, counts):  # [m], [m, H, C]
@@ -371,7 +372,7 @@ def drive_trackers(fn: Callable, params, x, noise, scale, key: jax.Array, checkp
             stop &= tracker.step(rows, k, counts[:, h])
         return stop
 
-    count_classes_sequential(fn, params, x, noise, scale, key, checkpoints, decide,
+    count_classes_sequential(fn, params, x, noise, key, checkpoints, decide, scale=scale,
                              finished=finished, **engine)
 
 

@@ -143,9 +143,9 @@ class Attacker:
             self.params,
             x,
             self.noise,
-            self.job.scale,
             stream_key(self.root, Stream.ESTIMATE),
             self.job.n,
+            scale=self.job.scale,
             num_classes=self.world.num_classes,
             indices=idx,
             progress=False,
@@ -182,7 +182,7 @@ class Attacker:
             logits_fn = smoothed_logits_fn(
                 logits_fn,
                 noise=self.noise.perturb,
-                noise_param=jnp.float32(job.scale),
+                noise_scale=jnp.float32(job.scale),
                 noise_keys=eot_keys(self.root, padded_idx),
                 eot=job.eot,
             )

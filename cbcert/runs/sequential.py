@@ -75,8 +75,8 @@ _PILOT_INPUTS, _PILOT_SAMPLES = 8, 64
 def pilot(job, apply_fn, params, inputs, noise, key, common) -> None:
     """Raise `ConfigError` (the scale's key) if every model is hopeless on a pilot."""
     count, samples = min(_PILOT_INPUTS, len(inputs)), min(_PILOT_SAMPLES, job.n)
-    counts = count_classes(apply_fn, params, inputs[:count], noise, job.scale, key, samples,
-                           **common)  # [count, H, C]
+    counts = count_classes(apply_fn, params, inputs[:count], noise, key, samples,
+                           scale=job.scale, **common)  # [count, H, C]
     hopeless = pilot_hopeless(counts, job.n, job.alpha, mode=job.mode,
                               two_class=job.two_class)  # [count, H]
     if hopeless.all():
@@ -111,8 +111,8 @@ def run_sequential(job, pool, rows: np.ndarray, done: set, inputs, model: Sampli
     start = time.perf_counter()
     if job.mode == "certify":
         select = count_classes(model.apply_fn, model.params, inputs[rows], model.noise,
-                               job.scale, stream_key(model.root, Stream.SELECT), job.n0,
-                               indices=idx, **model.common)  # [T, H, C]
+                               stream_key(model.root, Stream.SELECT), job.n0,
+                               scale=job.scale, indices=idx, **model.common)  # [T, H, C]
         trackers = [SequentialCertifier(select[:, h], schedule, model.rule,
                                         stopping=job.stopping, two_class=job.two_class)
                     for h in range(len(job.models))]
@@ -135,9 +135,9 @@ def run_sequential(job, pool, rows: np.ndarray, done: set, inputs, model: Sampli
         if progress:
             progress(finished, job.num_inputs)
 
-    drive_trackers(model.apply_fn, model.params, inputs[rows], model.noise, job.scale,
+    drive_trackers(model.apply_fn, model.params, inputs[rows], model.noise,
                    stream_key(model.root, Stream.ESTIMATE), schedule.checkpoints, trackers,
-                   indices=idx, finished=write, **memory)
+                   scale=job.scale, indices=idx, finished=write, **memory)
 
 
 def _sequential_record(pool, row: int, model: str, result, r: int) -> dict:
