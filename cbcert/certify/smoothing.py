@@ -123,6 +123,17 @@ def smoothing(kind: str) -> Smoothing:
                           key="noise", value=kind, allowed=", ".join(KINDS)) from None
 
 
+def attack_name(space: str, scale: float | None = None) -> str:
+    """Run-directory name of an attack in ``space``: ``attack-latent`` on the base classifier,
+    ``attack-latent-smoothed-sigma0.25`` (``attack-concept-smoothed-rho0.2``) on the smoothed
+    one at ``scale`` -- the space's smoothing names the scale (`of_space`)."""
+    name = f"attack-{space}"
+    if scale is None:
+        return name
+    kind = of_space(space)
+    return f"{name}-smoothed-{kind.key}{value_name(scale)}"
+
+
 def of_space(space: str) -> Smoothing:
     """The smoothing used for a space's smoothed classifier: Gaussian (latent), Bernoulli."""
     try:
