@@ -69,7 +69,8 @@ class Noise:
       kind: ``gaussian`` (``x + σ ε``, certified L2 radius), ``bernoulli`` (each concept pair
         of ``c[2K + U]`` swapped with probability ρ, certified Hamming radius) or ``fixed``
         (exactly m pairs swapped).
-      scale: σ, ρ or m, checked against the same ranges as the CLI's flags.
+      scale: σ, ρ or m, checked here against the same ranges as the CLI's flags (the API's
+        edge: `Smoothed` and the engine below trust it).
       num_concepts: K for the concept noises (0 for gaussian).
       perturbed: noise only on the first ``perturbed`` coordinates of flat inputs
         ``x[N, D]``, the rest carried unchanged (a multi-class conditional generator's
@@ -82,7 +83,7 @@ class Noise:
     perturbed: int | None = None
 
     def __post_init__(self) -> None:
-        self.smoothing.check(self.scale, self.num_concepts if self.kind == "fixed" else None)
+        self.smoothing.check(self.scale, self.num_concepts or None)
 
     @property
     def smoothing(self) -> Smoothing:

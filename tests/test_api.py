@@ -289,3 +289,21 @@ def test_api_examples_name_only_public_api():
         assert len(lines) >= 5, page
         for line in lines:
             assert "._" not in line and "cbcert.runs" not in line, (page.name, line)
+
+
+def test_the_scale_is_checked_once_when_the_noise_is_built(monkeypatch):
+    """`Noise` is the API's edge: its scale meets the user rule there, once; `Smoothed`'s
+    PREDICT/CERTIFY (fixed and sequential) and the engine below trust it."""
+    from cbcert.certify import smoothing
+
+    calls = []
+    original = smoothing.validate
+    monkeypatch.setattr(smoothing, "validate",
+                        lambda *args, **kwargs: (calls.append(args), original(*args, **kwargs)))
+    smoothed = cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.3))
+    x = jnp.ones((2, 2))
+    smoothed.certify(x, jax.random.key(0), 10, 100, 0.01)
+    smoothed.certify(x, jax.random.key(0), 10, 100, 0.01, schedule="sequential")
+    smoothed.predict(x, jax.random.key(1), 100, 0.01)
+    assert len(calls) == 1
+

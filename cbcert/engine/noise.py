@@ -31,7 +31,12 @@ class NoiseModel(Protocol):
     """What the sampler needs from a noise model."""
 
     def check_scale(self, scale) -> np.ndarray:
-        """Validates the scale on the host; returns it as a numpy scalar of the traced dtype."""
+        """The scale as a numpy scalar of the traced dtype; ValueError outside the noise's domain.
+
+        The engine's invariant guard (one host comparison per sampling call), not the user
+        rule: σ, ρ and m as typed are checked once, at the edge (``cbcert.certify.smoothing.
+        Smoothing.check`` from a job or the API's noise constructors), and trusted below it.
+        """
 
     def check_event(self, event_shape: tuple[int, ...]) -> None:
         """Raises ValueError if one input of this shape cannot be perturbed."""
@@ -58,8 +63,9 @@ class Gaussian:
 
         The traced scale is ``float32(σ)``; `perturb` casts it to the inputs' dtype, so
         bfloat16 inputs draw ``bfloat16(float32(σ))`` (0.7 -> 0.69921875). None: float32.
+        ``scale`` is a checked σ (the edge's rule; not checked again here).
         """
-        sigma = self.check_scale(scale)
+        sigma = np.float32(scale)
         if dtype is not None and jnp.issubdtype(dtype, jnp.floating):
             sigma = sigma.astype(jax.dtypes.canonicalize_dtype(dtype))
         return float(sigma)
@@ -95,9 +101,10 @@ class BernoulliFlips:
         grid ``k / 2²³``, ``k = 0 … 2²³ − 1``, so ``P[η = 1] = #{k : k / 2²³ < p} / 2²³``. This
         can be below ρ (e.g. ρ = 0.39); a certificate must not assume more noise than drawn.
         The inputs' ``dtype`` plays no part: the flips are drawn from float32 uniforms.
+        ``scale`` is a checked ρ (the edge's rule; not checked again here).
         """
         del dtype
-        p = float(self.check_scale(scale))
+        p = float(np.float32(scale))
         return math.ceil(p * 2**23) / 2**23
 
     def perturb(self, key: jax.Array, x: jax.Array, scale: jax.Array) -> jax.Array:
@@ -129,6 +136,11 @@ class FixedFlips:
 
     def check_event(self, event_shape: tuple[int, ...]) -> None:
         _check_event_vector(event_shape, self.num_concepts)
+
+    def drawn(self, scale, dtype=None) -> float:
+        """The flip count actually sampled: exactly m (a checked integer), whatever ``dtype``."""
+        del dtype
+        return float(np.int32(scale))
 
     def perturb(self, key: jax.Array, x: jax.Array, scale: jax.Array) -> jax.Array:
         """``F(c, 1_S)`` for one ``c[2K + U]``, ``S`` uniform among subsets of size m."""

@@ -262,8 +262,12 @@ def run(
     (`cbcert.runs.export`). A world with fixed inputs (``world.dataset``, pixels) certifies
     them in order with their own labels.
 
+    The scale was checked by the job (`CertifyJob`, the edge); here only its bound by the
+    world's concepts (``m <= K``), which the job cannot know. Nothing below checks it again.
+
     Returns the `RunSummary` (per model metrics).
     """
+    job.smoothing.check_concepts(job.scale, world.generator.num_concepts)
     if preflight:
         sequential.check_certifiable(job, world.generator.num_concepts)
     with session(out, "certify", {"job": job.pinned(), "world": world.name}, world,
