@@ -11,23 +11,16 @@ identical whatever the chunk size, devices or resume point.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from cbcert.api import drive_trackers
 from cbcert.certify.bounds import binomial_test_half
+from cbcert.certify.monte_carlo import certify_heads, predict_heads
 from cbcert.certify.schedule import largest_radius, samples_needed
-from cbcert.certify.sequential import (
-    STOP_REASONS,
-    SequentialCertifier,
-    SequentialPredictor,
-    pilot_hopeless,
-)
-from cbcert.engine.keys import Stream, stream_key
+from cbcert.certify.sequential import STOP_REASONS, pilot_hopeless
 from cbcert.engine.sampler import count_classes
 from cbcert.runs.directory import finite_or_none, json_line
 from cbcert.schema import ConfigError
@@ -104,40 +97,37 @@ class Sampling:
 
 def run_sequential(job, pool, rows: np.ndarray, done: set, inputs, model: Sampling,
                    sink, progress, finished: int) -> None:
-    """Sequential CERTIFY/PREDICT of inputs ``rows`` (continuous batching); appends records."""
-    idx = pool.indices[rows]
-    schedule = job.plan()
-    memory = {k: model.common[k] for k in ("num_classes", "chunk_size", "max_memory", "dtype")}
-    start = time.perf_counter()
-    if job.mode == "certify":
-        select = count_classes(model.apply_fn, model.params, inputs[rows], model.noise,
-                               stream_key(model.root, Stream.SELECT), job.n0,
-                               scale=job.scale, indices=idx, **model.common)  # [T, H, C]
-        trackers = [SequentialCertifier(select[:, h], schedule, model.rule,
-                                        stopping=job.stopping, two_class=job.two_class)
-                    for h in range(len(job.models))]
-    else:
-        trackers = [SequentialPredictor(len(rows), schedule) for _ in job.models]
-    select_seconds = (time.perf_counter() - start) / len(rows)
+    """Sequential CERTIFY/PREDICT of inputs ``rows`` (continuous batching); appends records.
 
-    def write(local, counts, samples, seconds):
+    Runs through the one PREDICT/CERTIFY path (``cbcert.certify.monte_carlo.certify_heads`` /
+    ``predict_heads``); records are written as inputs stop.
+    """
+    idx = pool.indices[rows]
+    memory = {k: model.common[k] for k in ("num_classes", "chunk_size", "max_memory", "dtype")}
+
+    def write(local, results, seconds):
         nonlocal finished
         for h, name in enumerate(job.models):
-            result = trackers[h].results(local)
             for r, row in enumerate(rows[local]):
                 if (int(pool.indices[row]), name) in done:
                     continue
-                record = _sequential_record(pool, row, name, result, r)
-                record["seconds"] = select_seconds + float(seconds[r])
+                record = _sequential_record(pool, row, name, results[h], r)
+                record["seconds"] = float(seconds[r])
                 sink.write(json_line(record))
         sink.flush()
         finished += len(local)
         if progress:
             progress(finished, job.num_inputs)
 
-    drive_trackers(model.apply_fn, model.params, inputs[rows], model.noise,
-                   stream_key(model.root, Stream.ESTIMATE), schedule.checkpoints, trackers,
-                   scale=job.scale, indices=idx, finished=write, **memory)
+    common = dict(scale=job.scale, plan=job.plan(), indices=idx, finished=write,
+                  progress=model.common["progress"], **memory)
+    if job.mode == "certify":
+        certify_heads(model.apply_fn, model.params, inputs[rows], model.noise, model.root,
+                      job.n0, job.n, job.alpha, rule=model.rule, two_class=job.two_class,
+                      stopping=job.stopping, **common)
+    else:
+        predict_heads(model.apply_fn, model.params, inputs[rows], model.noise, model.root,
+                      job.n, job.alpha, heads=len(job.models), **common)
 
 
 def _sequential_record(pool, row: int, model: str, result, r: int) -> dict:
