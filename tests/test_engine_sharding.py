@@ -29,7 +29,8 @@ def heads(params, x):
 def gaussian_counts(mesh, chunk_size, subset=None):
     rows = list(range(5)) if subset is None else subset
     return sampler.count_classes(heads, WEIGHTS, INPUTS[rows], noise.Gaussian(), KEY, 45,
-                                 scale=0.8, num_classes=4, indices=rows, chunk_size=chunk_size, mesh=mesh)
+                                 scale=0.8, num_classes=4, indices=rows, chunk_size=chunk_size,
+                                 mesh=mesh)
 
 
 def flip_labels(mesh):

@@ -69,8 +69,7 @@ def count_classes(
       noise: noise model (``cbcert.engine.noise``).
       key: stream key (e.g. ``stream_key(root, STREAM_ESTIMATE)``), typed or raw ``uint32[2]``.
       num_samples: noisy samples per input, ``>= 1``.
-      scale: the noise's scalar scale (σ, ρ, m, ε), keyword-only and traced (a new scale
-        reuses the compiled step); in the noise's domain by contract (``noise.check_scale``).
+      scale: the noise's scale (σ, ρ, m, ε), keyword-only, traced (one step for all scales).
       num_classes: C, the size of the logits' last axis.
       indices: ``[N]`` global input indices (default ``arange(N)``); pass them when ``inputs``
         is a subset or a batch of a larger run so the noise stays the same.
