@@ -307,3 +307,15 @@ def test_the_scale_is_checked_once_when_the_noise_is_built(monkeypatch):
     smoothed.predict(x, jax.random.key(1), 100, 0.01)
     assert len(calls) == 1
 
+
+
+def test_the_one_path_takes_the_scale_by_keyword():
+    """`certify_heads`, `predict_heads` and `drive_trackers` take the scale as ``scale=`` only,
+    like the engine below them."""
+    import inspect
+
+    from cbcert.certify import monte_carlo
+
+    for fn in (monte_carlo.certify_heads, monte_carlo.predict_heads, monte_carlo.drive_trackers):
+        parameter = inspect.signature(fn).parameters["scale"]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, fn.__name__

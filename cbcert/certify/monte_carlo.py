@@ -161,5 +161,4 @@ def _stack(results: list):
         for f in dataclasses.fields(results[0])})
 
 
-
 __all__ = ["Finished", "certify_heads", "drive_trackers", "predict_heads"]
