@@ -452,8 +452,9 @@ def test_the_scale_rule_runs_once_at_the_edge_and_is_trusted_inside(world, tmp_p
     """One certify command over two batches: the user rule on σ/ρ/m (`Smoothing.check`, the
     schema's range) runs once, when the job is built; its world-dependent part (m ≤ K) once,
     at the runner's entry; the API's `Noise`, the radius rules and the engine below do not run
-    it again. The radius rule is built once for the run (the sequential preflight's feasibility
-    check builds its own before the inputs, hence their dtype, are known)."""
+    it again. The radius rule comes from the table once for the sampling of the run, whatever
+    its batches and schedule (the CLI's preflight feasibility check builds its own before the
+    inputs, hence their dtype, are known; PREDICT needs none)."""
     from click.testing import CliRunner
 
     from cbcert import cli
@@ -471,5 +472,4 @@ def test_the_scale_rule_runs_once_at_the_edge_and_is_trusted_inside(world, tmp_p
     assert result.exit_code == 0, result.output
     assert len(_lines(tmp_path / "run")) == 8
     assert (len(rules), len(checks), len(bounds)) == (1, 1, 1)
-    certifies = flags[0] != "predict"
-    assert len(built) == certifies * (1 + (schedule == "sequential"))
+    assert len(built) == (0 if flags[0] == "predict" else 2)  # preflight + the run's own
