@@ -142,7 +142,8 @@ def engine_rate(apply_fn, params, inputs, num: int, num_classes: int, repeats: i
     key = keys.stream_key(jax.random.key(0), keys.STREAM_ESTIMATE)
 
     def run():
-        return sampler.count_classes(apply_fn, params, inputs, noise.Gaussian(), SIGMA, key, num,
+        return sampler.count_classes(apply_fn, params, inputs, noise.Gaussian(), key, num,
+                                     scale=SIGMA,
                                      num_classes=num_classes, **kwargs)
 
     return len(inputs) * num / best_time(run, repeats)
@@ -455,7 +456,7 @@ def case_world(quick: bool, peak: float) -> None:
 
     def labels(fn, p, **kwargs):
         return sampler.map_samples(lambda q, clean, noisy: jnp.argmax(fn(q, noisy), axis=-1),
-                                   p, pool, noise.Gaussian(), SIGMA, key, 1000, **kwargs)
+                                   p, pool, noise.Gaussian(), key, 1000, scale=SIGMA, **kwargs)
 
     reference = labels(apply_fn, params)  # [10, 1000, H]
     for name, fn, p, kwargs in (

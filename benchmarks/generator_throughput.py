@@ -479,7 +479,7 @@ def bf16_agreement(apply_fn, params, bf16_params, latents: np.ndarray, samples: 
 
     def labels(p, dtype):
         fn = lambda q, clean, noisy: jnp.argmax(apply_fn(q, noisy), axis=-1)  # noqa: E731
-        return sampler.map_samples(fn, p, latents, noise.Gaussian(), et.SIGMA, key, per_input,
+        return sampler.map_samples(fn, p, latents, noise.Gaussian(), key, per_input, scale=et.SIGMA,
                                    chunk_size=chunk_size, dtype=dtype)
 
     fp32 = labels(params, None)
@@ -499,8 +499,8 @@ def engine_work(apply_fn, params, latents, classes: int, seen: list, **kwargs):
     key = keys.stream_key(jax.random.key(0), keys.STREAM_ESTIMATE)
 
     def work():
-        sampler.count_classes(apply_fn, params, latents, noise.Gaussian(), et.SIGMA, key,
-                              ARGS.num, num_classes=classes,
+        sampler.count_classes(apply_fn, params, latents, noise.Gaussian(), key,
+                              ARGS.num, scale=et.SIGMA, num_classes=classes,
                               progress=lambda done, total: seen.append(done), **kwargs)
         return len(latents) * ARGS.num
 

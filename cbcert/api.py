@@ -7,8 +7,9 @@ into a smoothed classifier ``g(x) = argmax_c P(argmax f(x + δ) = c)`` with ``δ
 ``CERTIFY`` — the reference ``Smooth(model, num_classes, sigma).certify(x, n0, n, alpha,
 batch)`` — for a whole batch of inputs at once, with explicit keys, and return arrays:
 predictions (``ABSTAIN`` = −1), radii (NaN when abstaining), the probability bounds and the
-counts behind them. ``certify latent``, ``certify concept`` and ``certify predict`` call the
-same `Smoothed` methods, so the API and the CLI give the same numbers for the same settings.
+counts behind them. ``certify latent``, ``certify concept`` and ``certify predict`` go through
+the same path (`cbcert.certify.monte_carlo`), so the API and the CLI give the same numbers for
+the same settings.
 
 Keys: ``key`` is the root key (``jax.random.key(seed)``; ``--seed`` in the CLI). Selection
 samples use its stream 0, estimation samples its stream 1 (``cbcert.engine.keys``), and sample
@@ -40,18 +41,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from cbcert.certify.anytime import AnytimeCertifier, AnytimeSchedule
+from cbcert.certify.anytime import AnytimeSchedule
 from cbcert.certify.bounds import check_alpha
-from cbcert.certify.cohen import ABSTAIN, Certificate, Prediction, certify_counts, predict_counts
+from cbcert.certify.cohen import ABSTAIN, Certificate, Prediction
+from cbcert.certify.monte_carlo import certify_heads, predict_heads
 from cbcert.certify.schedule import Schedule, Stopping
-from cbcert.certify.sequential import (
-    SequentialCertificate,
-    SequentialCertifier,
-    SequentialPrediction,
-    SequentialPredictor,
-)
+from cbcert.certify.sequential import SequentialCertificate, SequentialPrediction
 from cbcert.certify.smoothing import Smoothing, smoothing
-from cbcert.engine.continuous import count_classes_sequential
 from cbcert.engine.keys import Stream, stream_key
 from cbcert.engine.noise import restrict
 from cbcert.engine.sampler import check_dtype, count_classes
@@ -70,7 +66,8 @@ class Noise:
       kind: ``gaussian`` (``x + σ ε``, certified L2 radius), ``bernoulli`` (each concept pair
         of ``c[2K + U]`` swapped with probability ρ, certified Hamming radius) or ``fixed``
         (exactly m pairs swapped).
-      scale: σ, ρ or m, checked against the same ranges as the CLI's flags.
+      scale: σ, ρ or m, checked here against the same ranges as the CLI's flags (the API's
+        edge: `Smoothed` and the engine below trust it).
       num_concepts: K for the concept noises (0 for gaussian).
       perturbed: noise only on the first ``perturbed`` coordinates of flat inputs
         ``x[N, D]``, the rest carried unchanged (a multi-class conditional generator's
@@ -83,7 +80,7 @@ class Noise:
     perturbed: int | None = None
 
     def __post_init__(self) -> None:
-        self.smoothing.check(self.scale, self.num_concepts if self.kind == "fixed" else None)
+        self.smoothing.check(self.scale, self.num_concepts or None)
 
     @property
     def smoothing(self) -> Smoothing:
@@ -193,10 +190,9 @@ class Smoothed:
         fn = self.apply_fn if heads else _with_head_axis(self.apply_fn)
         return x, fn, int(classes), shape[1] if heads else 0
 
-    def _engine(self, num_classes: int, progress) -> dict[str, Any]:
+    def _engine(self, num_classes: int) -> dict[str, Any]:
         return dict(num_classes=num_classes, chunk_size=self.chunk_size,
-                    max_memory=self.max_memory, mesh=self.mesh, dtype=self.dtype,
-                    progress=progress)
+                    max_memory=self.max_memory, dtype=self.dtype)
 
     def counts(self, x, key: jax.Array, n: int, *, stream: Stream = Stream.ESTIMATE,
                indices=None, progress=None) -> np.ndarray:
@@ -206,9 +202,10 @@ class Smoothed:
         fold_in(stream_key(key, stream), indices[i]), j)``.
         """
         x, fn, classes, heads = self._prepare(x)
-        out = count_classes(fn, self.params, x, self.noise.engine_noise(), self.noise.scale,
-                            stream_key(key, stream), n, indices=indices,
-                            **self._engine(classes, progress))
+        out = count_classes(fn, self.params, x, self.noise.engine_noise(),
+                            stream_key(key, stream), n, scale=self.noise.scale,
+                            indices=indices, progress=progress, mesh=self.mesh,
+                            **self._engine(classes))
         return out if heads else out[:, 0]
 
     def predict(self, x, key: jax.Array, n: int, alpha: float, *, schedule="fixed",
@@ -234,22 +231,16 @@ class Smoothed:
         Raises:
           NonFiniteError: a NaN or inf input or logit (`Smoothed`).
         """
-        plan = _schedule(schedule, n, alpha)
+        plan = _plan(schedule, n, alpha)
         if isinstance(plan, AnytimeSchedule):
             raise ValueError("schedule='anytime' certifies; PREDICT takes 'fixed', 'sequential' "
                              "or a Schedule")
         x, fn, classes, heads = self._prepare(x)
-        engine = self._engine(classes, progress)
-        noise, scale = self.noise.engine_noise(), self.noise.scale
-        estimate = stream_key(key, Stream.ESTIMATE)
-        if len(plan.checkpoints) == 1 and schedule == "fixed":
-            counts = count_classes(fn, self.params, x, noise, scale, estimate, n,
-                                   indices=indices, **engine)  # [N, H, C]
-            return _heads(predict_counts(counts, alpha), heads)
-        trackers = [SequentialPredictor(len(x), plan) for _ in range(max(heads, 1))]
-        drive_trackers(fn, self.params, x, noise, scale, estimate, plan.checkpoints, trackers,
-                       indices=indices, **_memory(engine))
-        return _stack([t.results() for t in trackers], heads)
+        result = predict_heads(fn, self.params, x, self.noise.engine_noise(), key, n, alpha,
+                               scale=self.noise.scale, heads=max(heads, 1), plan=plan,
+                               indices=indices, progress=progress, mesh=self.mesh,
+                               **self._engine(classes))
+        return _heads(result, heads)
 
     def certify(self, x, key: jax.Array, n0: int, n: int, alpha: float, *,
                 two_class: bool = False, schedule="fixed", target_radius: float | None = None,
@@ -288,29 +279,16 @@ class Smoothed:
         Raises:
           NonFiniteError: a NaN or inf input or logit (`Smoothed`).
         """
-        plan = _schedule(schedule, n, alpha)
+        plan = _plan(schedule, n, alpha)
         stopping = _stopping(schedule, target_radius, radius_tolerance)
         x, fn, classes, heads = self._prepare(x)
-        engine = self._engine(classes, progress)
-        noise, scale = self.noise.engine_noise(), self.noise.scale
         rule = self.noise.radius_rule(jax.dtypes.canonicalize_dtype(x.dtype))
-        select = count_classes(fn, self.params, x, noise, scale, stream_key(key, Stream.SELECT),
-                               n0, indices=indices, **engine)  # [N, H, C]
-        estimate = stream_key(key, Stream.ESTIMATE)
-        if len(plan.checkpoints) == 1 and schedule == "fixed":
-            counts = count_classes(fn, self.params, x, noise, scale, estimate, n,
-                                   indices=indices, **engine)
-            per_head = None if uniform is None else np.asarray(uniform)[:, None]  # [N, 1]
-            return _heads(certify_counts(select, counts, alpha, rule, two_class=two_class,
-                                         uniform=per_head), heads)
-        if isinstance(plan, AnytimeSchedule) and target_radius is not None and not two_class:
-            plan = plan.with_target(target_radius, rule)
-        tracker = AnytimeCertifier if isinstance(plan, AnytimeSchedule) else SequentialCertifier
-        trackers = [tracker(select[:, h], plan, rule, stopping=stopping, two_class=two_class,
-                            uniform=uniform) for h in range(select.shape[1])]
-        drive_trackers(fn, self.params, x, noise, scale, estimate, plan.checkpoints, trackers,
-                       indices=indices, **_memory(engine))
-        return _stack([t.results() for t in trackers], heads)
+        result = certify_heads(fn, self.params, x, self.noise.engine_noise(), key, n0, n, alpha,
+                               scale=self.noise.scale, rule=rule, plan=plan,
+                               two_class=two_class, stopping=stopping, indices=indices,
+                               progress=progress, uniform=uniform, mesh=self.mesh,
+                               **self._engine(classes))
+        return _heads(result, heads)
 
 
 def smooth(apply_fn: Callable, params: Params, noise: Noise, **engine: Any) -> Smoothed:
@@ -329,9 +307,10 @@ def smooth(apply_fn: Callable, params: Params, noise: Noise, **engine: Any) -> S
     return Smoothed(apply_fn, params, noise, **engine)
 
 
-def _schedule(schedule, n: int, alpha: float) -> Schedule | AnytimeSchedule:
-    """The `Schedule` of a call: a given one must end at ``n`` and spend exactly ``alpha``
-    (an `AnytimeSchedule`: end at ``n``, at level ``alpha``)."""
+def _plan(schedule, n: int, alpha: float) -> Schedule | AnytimeSchedule | None:
+    """The `Schedule` of a call, None for the fixed schedule (Cohen's n samples at once); a
+    given one must end at ``n`` and spend exactly ``alpha`` (an `AnytimeSchedule`: end at ``n``,
+    at level ``alpha``)."""
     if isinstance(schedule, AnytimeSchedule):
         if schedule.n != n or schedule.alpha != check_alpha(alpha):
             raise ValueError(f"the anytime schedule has n = {schedule.n}, alpha = "
@@ -353,7 +332,8 @@ def _schedule(schedule, n: int, alpha: float) -> Schedule | AnytimeSchedule:
     if schedule not in ("fixed", "sequential"):
         raise ValueError(f"schedule={schedule!r}; allowed: 'fixed', 'sequential', 'anytime' or "
                          "a Schedule")
-    return Schedule.of(schedule, n, alpha)
+    plan = Schedule.of(schedule, n, alpha)
+    return None if schedule == "fixed" else plan
 
 
 def _stopping(schedule, target_radius, radius_tolerance) -> Stopping:
@@ -371,31 +351,6 @@ def _stopping(schedule, target_radius, radius_tolerance) -> Stopping:
     return stopping
 
 
-def _memory(engine: dict) -> dict:
-    """The engine settings `count_classes_sequential` takes (no progress callback)."""
-    return {k: engine[k] for k in ("num_classes", "chunk_size", "max_memory", "mesh", "dtype")}
-
-
-def drive_trackers(fn: Callable, params, x, noise, scale, key: jax.Array, checkpoints,
-                   trackers: list, *, finished=None, **engine: Any) -> None:
-    """Drive one sequential tracker per head through the continuous sampler.
-
-    An input stops once every head's tracker (`SequentialCertifier` / `SequentialPredictor`)
-    has stopped it at a checkpoint: ``decide(rows, k, counts[m, H, C])`` is the AND over heads
-    of ``trackers[h].step(rows, k, counts[:, h])``. ``finished`` and ``engine`` (num_classes,
-    indices, chunk_size, max_memory, mesh, dtype) are `count_classes_sequential`'s.
-    """
-
-    def decide(rows, k, counts):  # [m], [m, H, C]
-        stop = np.ones(len(rows), bool)
-        for h, tracker in enumerate(trackers):
-            stop &= tracker.step(rows, k, counts[:, h])
-        return stop
-
-    count_classes_sequential(fn, params, x, noise, scale, key, checkpoints, decide,
-                             finished=finished, **engine)
-
-
 def _heads(result, heads: int):
     """Drop the head axis of every field when ``apply_fn`` has none."""
     if heads:
@@ -404,14 +359,4 @@ def _heads(result, heads: int):
                                           for f in dataclasses.fields(result)})
 
 
-def _stack(results: list, heads: int):
-    """Per-head results ``[N]`` → one result ``[N, H]`` (or ``[N]`` without heads)."""
-    if not heads:
-        return results[0]
-    return dataclasses.replace(results[0], **{
-        f.name: np.stack([getattr(r, f.name) for r in results], axis=1)
-        for f in dataclasses.fields(results[0])})
-
-
-__all__ = ["ABSTAIN", "Noise", "Smoothed", "bernoulli", "drive_trackers", "fixed_flips",
-           "gaussian", "smooth"]
+__all__ = ["ABSTAIN", "Noise", "Smoothed", "bernoulli", "fixed_flips", "gaussian", "smooth"]

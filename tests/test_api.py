@@ -295,3 +295,33 @@ def test_api_examples_name_only_public_api():
         assert len(lines) >= 5, page
         for line in lines:
             assert "._" not in line and "cbcert.runs" not in line, (page.name, line)
+
+
+def test_the_scale_is_checked_once_when_the_noise_is_built(monkeypatch):
+    """`Noise` is the API's edge: its scale meets the user rule there, once; `Smoothed`'s
+    PREDICT/CERTIFY (fixed and sequential) and the engine below trust it."""
+    from cbcert.certify import smoothing
+
+    calls = []
+    original = smoothing.validate
+    monkeypatch.setattr(smoothing, "validate",
+                        lambda *args, **kwargs: (calls.append(args), original(*args, **kwargs)))
+    smoothed = cbcert.smooth(_linear, PARAMS, cbcert.gaussian(0.3))
+    x = jnp.ones((2, 2))
+    smoothed.certify(x, jax.random.key(0), 10, 100, 0.01)
+    smoothed.certify(x, jax.random.key(0), 10, 100, 0.01, schedule="sequential")
+    smoothed.predict(x, jax.random.key(1), 100, 0.01)
+    assert len(calls) == 1
+
+
+
+def test_the_one_path_takes_the_scale_by_keyword():
+    """`certify_heads`, `predict_heads` and `drive_trackers` take the scale as ``scale=`` only,
+    like the engine below them."""
+    import inspect
+
+    from cbcert.certify import monte_carlo
+
+    for fn in (monte_carlo.certify_heads, monte_carlo.predict_heads, monte_carlo.drive_trackers):
+        parameter = inspect.signature(fn).parameters["scale"]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, fn.__name__

@@ -37,7 +37,7 @@ KEYS = jax.random.split(jax.random.key(2), 12)
 def test_matches_explicit_mean_softmax():
     eot, sigma = 5, 0.3
     g = smoothed_logits_fn(
-        MLP, noise=_Gaussian().perturb, noise_param=sigma, noise_keys=KEYS, eot=eot
+        MLP, noise=_Gaussian().perturb, noise_scale=sigma, noise_keys=KEYS, eot=eot
     )
     expected = []
     for i in range(X.shape[0]):
@@ -51,7 +51,7 @@ def test_matches_explicit_mean_softmax():
 
 
 def test_noise_follows_the_example_not_its_batch_position():
-    kwargs = dict(noise=_Gaussian().perturb, noise_param=0.5, eot=4)
+    kwargs = dict(noise=_Gaussian().perturb, noise_scale=0.5, eot=4)
     perm = jnp.array([5, 0, 11, 3])
     full = jax.jit(smoothed_logits_fn(MLP, noise_keys=KEYS, **kwargs))(X)
     part = jax.jit(smoothed_logits_fn(MLP, noise_keys=KEYS[perm], **kwargs))(X[perm])
@@ -66,7 +66,7 @@ def test_linear_smoothed_classifier_attack_reaches_closed_form():
     x0 = jnp.array([[-2.0, 0.0], [-1.5, 1.0], [-3.0, -1.0]])
     y = jnp.zeros(3, jnp.int32)
     keys = jax.random.split(jax.random.key(3), 3)
-    g = smoothed_logits_fn(f, noise=_Gaussian().perturb, noise_param=0.25, noise_keys=keys, eot=256)
+    g = smoothed_logits_fn(f, noise=_Gaussian().perturb, noise_scale=0.25, noise_keys=keys, eot=256)
     x_adv, info = apgd(g, x0, y, eps=0.5, norm="l2", key=jax.random.key(4), n_iter=50)
     np.testing.assert_allclose(x_adv, x0 + jnp.array([0.5, 0.0]), atol=2e-3)
     assert not bool(info.fooled.any())
@@ -86,7 +86,7 @@ def test_input_whose_eot_estimate_is_wrong_but_predict_right_is_attacked():
     sigma, eps = 0.5, 1.0
     x0, y = jnp.array([[-0.25, 0.0]]), jnp.zeros(1, jnp.int32)
     g = smoothed_logits_fn(
-        f, noise=_Gaussian().perturb, noise_param=sigma, noise_keys=jax.random.key(0)[None], eot=1
+        f, noise=_Gaussian().perturb, noise_scale=sigma, noise_keys=jax.random.key(0)[None], eot=1
     )
 
     def predict(x, seed):
@@ -109,7 +109,7 @@ def test_input_whose_eot_estimate_is_wrong_but_predict_right_is_attacked():
 
 
 def test_take_rows_selects_the_examples_noise():
-    g = smoothed_logits_fn(MLP, noise=_Gaussian().perturb, noise_param=0.5, noise_keys=KEYS, eot=3)
+    g = smoothed_logits_fn(MLP, noise=_Gaussian().perturb, noise_scale=0.5, noise_keys=KEYS, eot=3)
     rows = jnp.array([4, 0, 4])
     np.testing.assert_allclose(g.take_rows(rows)(X[rows]), g(X)[rows], rtol=1e-6)
 
@@ -127,7 +127,7 @@ def test_single_compile_when_noise_keys_and_scale_change():
         g = smoothed_logits_fn(
             counted,
             noise=_Gaussian().perturb,
-            noise_param=sigma,
+            noise_scale=sigma,
             noise_keys=jax.random.split(jax.random.key(10 + i), 12),
             eot=3,
         )
@@ -142,5 +142,5 @@ def test_single_compile_when_noise_keys_and_scale_change():
 def test_invalid_eot(eot):
     with pytest.raises(ValueError, match="eot must be an integer >= 1"):
         smoothed_logits_fn(
-            MLP, noise=_Gaussian().perturb, noise_param=0.1, noise_keys=KEYS, eot=eot
+            MLP, noise=_Gaussian().perturb, noise_scale=0.1, noise_keys=KEYS, eot=eot
         )

@@ -157,3 +157,28 @@ def test_huge_n_keeps_radii_finite():
     assert many.radius(1.0, None) == 1000  # what an uncapped bound would certify
     cert = certify_counts(counts, counts, 0.001, many)
     assert cert.radius == many.radius(np.nextafter(1.0, 0.0), None) < 1000
+
+
+def test_run_and_attack_names_come_from_the_table():
+    """Certify and attack cells are named through `SMOOTHINGS` (the names results/reference
+    and every existing run directory carry, unchanged)."""
+    from cbcert.certify.smoothing import attack_name
+
+    assert [smoothing(k).name(s) for k, s in (("gaussian", 0.1), ("bernoulli", 0.2),
+                                              ("fixed", 2))] == [
+        "latent-sigma0.1", "concept-rho0.2", "concept-flips2"]
+    assert attack_name("latent") == "attack-latent"
+    assert attack_name("concept") == "attack-concept"
+    assert attack_name("latent", 0.25) == "attack-latent-smoothed-sigma0.25"
+    assert attack_name("concept", 0.2) == "attack-concept-smoothed-rho0.2"
+
+
+def test_the_radius_rule_is_the_tables_for_every_kind():
+    """One constructor per kind in the table, at the certified scale (fixed flips: m exactly)."""
+    from cbcert.certify.hamming import FixedFlipHammingRadius
+    from cbcert.certify.l2 import L2Radius
+
+    assert GAUSSIAN.radius_rule(0.7, K) == L2Radius(GAUSSIAN.certified_scale(0.7, K))
+    assert BERNOULLI.radius_rule(0.39, K) == BernoulliHammingRadius(
+        BERNOULLI.certified_scale(0.39, K), K)
+    assert smoothing("fixed").radius_rule(3, K) == FixedFlipHammingRadius(3, K)

@@ -19,9 +19,9 @@ assert jax.process_count() == 2 and len(jax.devices()) == 4, jax.devices()
 weights = np.asarray(jax.random.normal(jax.random.key(1), (6, 2, 4)))
 inputs = np.asarray(jax.random.normal(jax.random.key(2), (5, 6)))
 heads = lambda params, x: jnp.einsum("bd,dhc->bhc", x, params)
-counts = sampler.count_classes(heads, weights, inputs, noise.Gaussian(), 0.8,
+counts = sampler.count_classes(heads, weights, inputs, noise.Gaussian(),
                                keys.stream_key(jax.random.key(0), keys.STREAM_SELECT), 45,
-                               num_classes=4, chunk_size=7)
+                               scale=0.8, num_classes=4, chunk_size=7)
 texts = distributed.gather_text(f"from {{jax.process_index()}}")
 print("RESULT " + json.dumps(dict(rank=jax.process_index(), counts=counts.tolist(),
                                   coordinator=distributed.is_coordinator(), texts=texts)))
@@ -35,9 +35,9 @@ from cbcert.engine import keys, noise, sampler
 weights = np.asarray(jax.random.normal(jax.random.key(1), (6, 2, 4)))
 inputs = np.asarray(jax.random.normal(jax.random.key(2), (5, 6)))
 heads = lambda params, x: jnp.einsum("bd,dhc->bhc", x, params)
-counts = sampler.count_classes(heads, weights, inputs, noise.Gaussian(), 0.8,
+counts = sampler.count_classes(heads, weights, inputs, noise.Gaussian(),
                                keys.stream_key(jax.random.key(0), keys.STREAM_SELECT), 45,
-                               num_classes=4, chunk_size=64)
+                               scale=0.8, num_classes=4, chunk_size=64)
 print("RESULT " + json.dumps(dict(counts=counts.tolist())))
 """
 

@@ -110,14 +110,14 @@ def test_sphere_shift_ball_radius_distribution():
         (noise.Gaussian(), [0.1, 0.2], "sigma=.* must be a real scalar"),
     ],
 )
-def test_check_param_rejects_out_of_range(model, param, match):
+def test_check_scale_rejects_out_of_range(model, param, match):
     with pytest.raises(ValueError, match=match):
-        model.check_param(param)
+        model.check_scale(param)
 
 
-def test_check_param_returns_traced_dtypes():
-    assert noise.Gaussian().check_param(0.25).dtype == np.float32
-    assert noise.FixedFlips(K).check_param(3.0).dtype == np.int32
+def test_check_scale_returns_traced_dtypes():
+    assert noise.Gaussian().check_scale(0.25).dtype == np.float32
+    assert noise.FixedFlips(K).check_scale(3.0).dtype == np.int32
 
 
 def test_concept_noise_rejects_bad_events():
@@ -141,7 +141,7 @@ def test_leading_moves_only_the_leading_coordinates_exactly_as_inner(inner):
     expected = np.asarray(_many(inner, z, 0.5, 64))
     np.testing.assert_array_equal(got[:, :d], expected)
     np.testing.assert_array_equal(got[:, d], 3.0)
-    assert wrapped.check_param(0.5) == inner.check_param(0.5)
+    assert wrapped.check_scale(0.5) == inner.check_scale(0.5)
     with pytest.raises(ValueError, match=r"event shape \(7,\): expected one flat vector longer "
                                          "than the 7 perturbed coordinates"):
         wrapped.check_event((d,))

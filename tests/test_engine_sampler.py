@@ -1,3 +1,4 @@
+import inspect
 import json
 
 import chex
@@ -20,9 +21,10 @@ def linear_heads(params, x):
     return jnp.einsum("bd,dhc->bhc", x, params)  # [B, H, C]
 
 
-def _counts(inputs=INPUTS, param=0.7, num_samples=50, fn=linear_heads, **kwargs):
+def _counts(inputs=INPUTS, scale=0.7, num_samples=50, fn=linear_heads, **kwargs):
     return sampler.count_classes(
-        fn, WEIGHTS, inputs, noise.Gaussian(), param, KEY, num_samples, num_classes=C, **kwargs
+        fn, WEIGHTS, inputs, noise.Gaussian(), KEY, num_samples, scale=scale, num_classes=C,
+        **kwargs
     )
 
 
@@ -58,8 +60,9 @@ def test_counts_match_a_per_sample_reference():
 
 def test_raw_and_typed_keys_give_the_same_counts():
     typed = _counts(chunk_size=64)
-    raw = sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.Gaussian(), 0.7,
-                                jax.random.key_data(KEY), 50, num_classes=C, chunk_size=64)
+    raw = sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.Gaussian(),
+                                jax.random.key_data(KEY), 50, scale=0.7, num_classes=C,
+                                chunk_size=64)
     np.testing.assert_array_equal(typed, raw)
 
 
@@ -73,7 +76,7 @@ def test_linear_classifier_matches_closed_form():
         score = z @ params  # [B]
         return jnp.stack([jnp.zeros_like(score), score], -1)[:, None, :]  # [B, 1, 2]
 
-    counts = sampler.count_classes(binary, w, x, noise.Gaussian(), sigma, KEY, n,
+    counts = sampler.count_classes(binary, w, x, noise.Gaussian(), KEY, n, scale=sigma,
                                    num_classes=2, chunk_size=512)
     p = scipy.stats.norm.cdf(x @ w / (sigma * np.linalg.norm(w)))
     # Binomial sd <= sqrt(0.25/4000) = 0.0079; 0.04 is > 5 sd (failure probability < 1e-6).
@@ -82,12 +85,12 @@ def test_linear_classifier_matches_closed_form():
 
 def test_one_trace_per_configuration():
     traced = chex.assert_max_traces(n=1)(lambda params, x: linear_heads(params, x))
-    first = sampler.count_classes(traced, WEIGHTS, INPUTS, noise.Gaussian(), 0.3, KEY, 30,
+    first = sampler.count_classes(traced, WEIGHTS, INPUTS, noise.Gaussian(), KEY, 30, scale=0.3,
                                   num_classes=C, chunk_size=16)
     # A new scale, other inputs, another N and another sample count reuse the same step.
-    sampler.count_classes(traced, WEIGHTS, INPUTS[:2], noise.Gaussian(), 0.9, KEY, 70,
+    sampler.count_classes(traced, WEIGHTS, INPUTS[:2], noise.Gaussian(), KEY, 70, scale=0.9,
                           num_classes=C, chunk_size=16, indices=[3, 4])
-    again = sampler.count_classes(traced, WEIGHTS, INPUTS, noise.Gaussian(), 0.3, KEY, 30,
+    again = sampler.count_classes(traced, WEIGHTS, INPUTS, noise.Gaussian(), KEY, 30, scale=0.3,
                                   num_classes=C, chunk_size=16)
     np.testing.assert_array_equal(first, again)
 
@@ -101,7 +104,7 @@ def test_automatic_chunk_compiles_at_most_twice_and_respects_memory():
 
     small = _counts(fn=counted, max_memory=4096)
     first_run = len(traces)
-    _counts(fn=counted, max_memory=4096, param=0.2)
+    _counts(fn=counted, max_memory=4096, scale=0.2)
     # The probe compile, then the chunk it picked (the same shape if it picked the probe size).
     assert len(traces) == first_run <= 2 and traces[0] == memory.PROBE_PAIRS_PER_DEVICE
     assert memory.MIN_CHUNK_PER_DEVICE <= traces[-1] < 64  # 4 KiB cannot hold 64 pairs
@@ -121,7 +124,7 @@ def test_a_run_whose_chunk_is_the_probe_size_compiles_once():
     counts = _counts(fn=counted, num_samples=3)
     assert traces == [memory.probe_pairs(15, 1)] == [16]
     np.testing.assert_array_equal(counts, _counts(num_samples=3, chunk_size=4))
-    _counts(fn=counted, num_samples=3, param=0.2)  # the same configuration: nothing new
+    _counts(fn=counted, num_samples=3, scale=0.2)  # the same configuration: nothing new
     assert traces == [16]
 
 
@@ -160,7 +163,7 @@ DEEP_WEIGHTS = np.asarray(jax.random.normal(jax.random.key(3), (256, 256))) / 16
 def _first_chunk(fn, max_memory=None):
     chunks = []
     sampler.count_classes(fn, DEEP_WEIGHTS, np.zeros((2, 16384), np.float32), noise.Gaussian(),
-                          0.1, KEY, 32, num_classes=4, max_memory=max_memory,
+                          KEY, 32, scale=0.1, num_classes=4, max_memory=max_memory,
                           progress=lambda done, total: chunks.append(done))
     return chunks[0]
 
@@ -196,8 +199,8 @@ def test_concept_noise_counts_are_deterministic():
     weights = np.asarray(jax.random.normal(jax.random.key(6), (2 * k + 2, 1, 3)))
     # FixedFlips is covered on 8 devices in test_engine_sharding.py.
     runs = [
-        sampler.count_classes(linear_heads, weights, concepts, noise.BernoulliFlips(k), 0.3, KEY,
-                              40, num_classes=3, chunk_size=size)
+        sampler.count_classes(linear_heads, weights, concepts, noise.BernoulliFlips(k), KEY,
+                              40, scale=0.3, num_classes=3, chunk_size=size)
         for size in (7, 64)
     ]
     np.testing.assert_array_equal(runs[0], runs[1])
@@ -209,16 +212,16 @@ def test_map_samples_sees_the_noise_of_count_classes():
         return {"label": jnp.argmax(linear_heads(params, noisy), -1),
                 "shift": jnp.linalg.norm(noisy - clean, axis=-1)}
 
-    out = sampler.map_samples(fn, WEIGHTS, INPUTS, noise.SphereShift(), 0.25, KEY, 30,
+    out = sampler.map_samples(fn, WEIGHTS, INPUTS, noise.SphereShift(), KEY, 30, scale=0.25,
                               chunk_size=7)
     assert out["label"].shape == (5, 30, H) and out["shift"].shape == (5, 30)
     np.testing.assert_allclose(out["shift"], 0.25, rtol=1e-5)
-    counts = sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.SphereShift(), 0.25,
-                                   KEY, 30, num_classes=C, chunk_size=64)
+    counts = sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.SphereShift(), KEY, 30,
+                                   scale=0.25, num_classes=C, chunk_size=64)
     for h in range(H):
         rebuilt = np.stack([np.bincount(row, minlength=C) for row in out["label"][:, :, h]])
         np.testing.assert_array_equal(rebuilt, counts[:, h])
-    part = sampler.map_samples(fn, WEIGHTS, INPUTS[[2]], noise.SphereShift(), 0.25, KEY, 30,
+    part = sampler.map_samples(fn, WEIGHTS, INPUTS[[2]], noise.SphereShift(), KEY, 30, scale=0.25,
                                indices=[2], chunk_size=64)
     np.testing.assert_array_equal(part["label"][0], out["label"][2])
 
@@ -251,7 +254,7 @@ def test_progress_callback_reports_every_chunk():
         ({"indices": [0, 1, 2, 3, -1]}, "indices range over \\[-1, 3\\]"),
         ({"chunk_size": 0}, "chunk_size=0"),
         ({"max_memory": -5}, "max_memory=-5"),
-        ({"param": -1.0}, "sigma=-1.0"),
+        ({"scale": -1.0}, "sigma=-1.0"),
         ({"fn": lambda p, x: linear_heads(p, x)[:, 0]}, "apply_fn must return logits"),
     ],
 )
@@ -262,11 +265,11 @@ def test_bad_arguments_raise_value_error(kwargs, match):
 
 def test_bad_num_classes_and_key():
     with pytest.raises(ValueError, match="num_classes=0"):
-        sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.Gaussian(), 0.1, KEY, 5,
+        sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.Gaussian(), KEY, 5, scale=0.1,
                               num_classes=0)
     with pytest.raises(ValueError, match="key has shape"):
-        sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.Gaussian(), 0.1,
-                              jnp.zeros(2, jnp.float32), 5, num_classes=C)
+        sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.Gaussian(),
+                              jnp.zeros(2, jnp.float32), 5, scale=0.1, num_classes=C)
 
 
 def _poisoned(params, x):
@@ -337,8 +340,9 @@ def _decisive(rows, k, counts):
 
 def _sequential(checkpoints=CHECKPOINTS, decide=_decisive, inputs=INPUTS, fn=linear_heads,
                 **kwargs):
-    return continuous.count_classes_sequential(fn, WEIGHTS, inputs, noise.Gaussian(), 0.7, KEY,
-                                               checkpoints, decide, num_classes=C, **kwargs)
+    return continuous.count_classes_sequential(fn, WEIGHTS, inputs, noise.Gaussian(), KEY,
+                                               checkpoints, decide, scale=0.7, num_classes=C,
+                                                   **kwargs)
 
 
 @pytest.mark.parametrize("chunk_size", [7, 64, 1000, None])
@@ -355,7 +359,7 @@ def test_continuous_counts_are_the_first_samples_of_each_input():
     assert len(set(result.samples)) > 1
     for n, samples in enumerate(result.samples):
         alone = sampler.count_classes(linear_heads, WEIGHTS, INPUTS[n : n + 1], noise.Gaussian(),
-                                      0.7, KEY, int(samples), num_classes=C, indices=[n],
+                                      KEY, int(samples), scale=0.7, num_classes=C, indices=[n],
                                       chunk_size=5)  # one shape for every n_k: one compile
         np.testing.assert_array_equal(result.counts[n], alone[0])
 
@@ -447,7 +451,7 @@ def test_continuous_fills_freed_slots_with_waiting_inputs(monkeypatch):
 
 def test_continuous_reuses_the_samplers_compilation():
     traced = chex.assert_max_traces(n=1)(lambda params, x: linear_heads(params, x))
-    sampler.count_classes(traced, WEIGHTS, INPUTS, noise.Gaussian(), 0.3, KEY, 30,
+    sampler.count_classes(traced, WEIGHTS, INPUTS, noise.Gaussian(), KEY, 30, scale=0.3,
                           num_classes=C, chunk_size=16)
     _sequential(fn=traced, chunk_size=16)
 
@@ -472,8 +476,8 @@ decide = lambda rows, k, c: c[:, 0].max(-1) > 0.6 * c[:, 0].sum(-1)
 devices = np.asarray(jax.devices())
 out = {}
 for count, chunk in ((2, 7), (8, 64), (8, 3)):
-    r = continuous.count_classes_sequential(heads, W, X, noise.Gaussian(), 0.7, KEY,
-                                            (5, 10, 20, 50), decide, num_classes=4,
+    r = continuous.count_classes_sequential(heads, W, X, noise.Gaussian(), KEY,
+                                            (5, 10, 20, 50), decide, scale=0.7, num_classes=4,
                                             chunk_size=chunk,
                                             mesh=Mesh(devices[:count], ("data",)))
     out[f"{count} devices, chunk {chunk}"] = [r.counts.tolist(), r.samples.tolist()]
@@ -518,3 +522,22 @@ def test_batch_within_memory_is_the_largest_power_of_two_in_budget_and_skips_a_p
     assert memory.batch_within_memory(fn, params, (256,), jnp.float32, minimum=4,
                                       maximum=2) == 4
     assert traces == []
+
+
+@pytest.mark.parametrize("fn", [sampler.count_classes, sampler.map_samples,
+                                continuous.count_classes_sequential],
+                         ids=lambda fn: fn.__name__)
+def test_the_scale_is_keyword_only_at_the_engine_boundary(fn):
+    """One name for σ/ρ/m/ε at the engine's public functions, and never by position: the
+    scale used to sit between ``noise`` and ``key``, where a positional value would be read as
+    another argument."""
+    parameters = inspect.signature(fn).parameters
+    assert "param" not in parameters
+    assert parameters["scale"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert parameters["scale"].default is inspect.Parameter.empty
+
+
+def test_a_positional_scale_is_refused():
+    with pytest.raises(TypeError):
+        sampler.count_classes(linear_heads, WEIGHTS, INPUTS, noise.Gaussian(), 0.7, KEY, 5,
+                              num_classes=C)

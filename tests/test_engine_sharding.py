@@ -28,14 +28,15 @@ def heads(params, x):
 
 def gaussian_counts(mesh, chunk_size, subset=None):
     rows = list(range(5)) if subset is None else subset
-    return sampler.count_classes(heads, WEIGHTS, INPUTS[rows], noise.Gaussian(), 0.8, KEY, 45,
-                                 num_classes=4, indices=rows, chunk_size=chunk_size, mesh=mesh)
+    return sampler.count_classes(heads, WEIGHTS, INPUTS[rows], noise.Gaussian(), KEY, 45,
+                                 scale=0.8, num_classes=4, indices=rows, chunk_size=chunk_size,
+                                 mesh=mesh)
 
 
 def flip_labels(mesh):
     fn = lambda p, clean, noisy: jnp.argmax(heads(p, noisy), -1)
-    return sampler.map_samples(fn, WEIGHTS, CONCEPTS, noise.FixedFlips(K), 2, KEY, 12,
-                               chunk_size=16, mesh=mesh)
+    return sampler.map_samples(fn, WEIGHTS, CONCEPTS, noise.FixedFlips(K), KEY, 12,
+                               scale=2, chunk_size=16, mesh=mesh)
 """
 
 CHILD = PROBLEM + """
@@ -88,8 +89,9 @@ def test_reference_is_not_trivial():
     weights = np.asarray(jax.random.normal(jax.random.key(1), (6, 2, 4)))
     inputs = np.asarray(jax.random.normal(jax.random.key(2), (5, 6)))
     counts = [
-        sampler.count_classes(heads, weights, inputs, noise.Gaussian(), 0.8,
-                              keys.stream_key(jax.random.key(0), stream), 45, num_classes=4,
+        sampler.count_classes(heads, weights, inputs, noise.Gaussian(),
+                              keys.stream_key(jax.random.key(0), stream), 45, scale=0.8,
+                              num_classes=4,
                               chunk_size=64)
         for stream in (keys.STREAM_SELECT, keys.STREAM_ESTIMATE)
     ]

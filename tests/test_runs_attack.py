@@ -319,7 +319,7 @@ def test_smoothed_attack_attacks_inputs_whose_eot_estimate_is_wrong(tmp_path):
     pool = agreement_pool(WORLD, job.seed, job.num_inputs)
     root = jax.random.key(job.seed)
     head = lambda z: WORLD.latent_apply(("std",))(WORLD.params, z)[:, 0]
-    p_hat = smoothed_logits_fn(head, noise=Gaussian().perturb, noise_param=job.scale,
+    p_hat = smoothed_logits_fn(head, noise=Gaussian().perturb, noise_scale=job.scale,
                                noise_keys=eot_keys(root, pool.indices), eot=job.eot)
     eot_pred = np.argmax(p_hat(jnp.asarray(pool.latents)), axis=-1)
     disagree = [int(i) for i, p in zip(pool.indices, eot_pred, strict=True)

@@ -472,3 +472,51 @@ def test_bfloat16_runs_certify_from_integer_counts_in_float64(world, tmp_path):
         assert r["p_lower"] == float(p_lower)
         if r["radius"] is not None:
             assert r["radius"] == float(rule.radius(p_lower, None))
+
+
+def _count_calls(monkeypatch, owner, name: str) -> list:
+    """Record every call of ``owner.name`` (still calling it) in the returned list."""
+    calls: list = []
+    original = getattr(owner, name)
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("flags, schedule", [
+    (["latent", "--sigma", "0.25"], "fixed"),
+    (["concept", "--flips", "2"], "fixed"),
+    (["predict", "--space", "concept", "--rho", "0.2"], "fixed"),
+    (["latent", "--sigma", "0.25", "--schedule", "sequential", "--first-checkpoint", "8"],
+     "sequential"),
+])
+def test_the_scale_rule_runs_once_at_the_edge_and_is_trusted_inside(world, tmp_path, monkeypatch,
+                                                                    flags, schedule):
+    """One certify command over two batches: the user rule on σ/ρ/m (`Smoothing.check`, the
+    schema's range) runs once, when the job is built; its world-dependent part (m ≤ K) once,
+    at the runner's entry; the API's `Noise`, the radius rules and the engine below do not run
+    it again. The radius rule comes from the table once for the sampling of the run, whatever
+    its batches and schedule (the CLI's preflight feasibility check builds its own before the
+    inputs, hence their dtype, are known; PREDICT needs none)."""
+    from click.testing import CliRunner
+
+    from cbcert import cli
+    from cbcert.certify import smoothing
+    from cbcert.cli import common as cli_common
+
+    monkeypatch.setattr(cli_common, "load_world", lambda name, **_: world)
+    rules = _count_calls(monkeypatch, smoothing, "validate")  # the schema's range rule
+    checks = _count_calls(monkeypatch, smoothing.Smoothing, "check")
+    bounds = _count_calls(monkeypatch, smoothing.Smoothing, "check_concepts")
+    built = _count_calls(monkeypatch, smoothing.Smoothing, "radius_rule")
+    result = CliRunner().invoke(cli.main, [*flags, "--inputs", "4", "--batch", "2", "--n", "60",
+                                           "--n0", "8", "--models", "std,proto", "--quiet",
+                                           "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert len(_lines(tmp_path / "run")) == 8
+    assert (len(rules), len(checks), len(bounds)) == (1, 1, 1)
+    assert len(built) == (0 if flags[0] == "predict" else 2)  # preflight + the run's own

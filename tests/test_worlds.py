@@ -255,8 +255,8 @@ from cbcert.worlds.directory import load_world_dir
 world = load_world_dir({str(converted_dir)!r})
 z = jax.random.normal(jax.random.key(0), (3, 12))
 logits = jax.jit(world.latent_apply({models!r}))(world.params, z)
-counts = count_classes(world.latent_apply({models!r}), world.params, z, Gaussian(), 0.5,
-                       jax.random.key(1), 16, num_classes=2)
+counts = count_classes(world.latent_apply({models!r}), world.params, z, Gaussian(),
+                       jax.random.key(1), 16, scale=0.5, num_classes=2)
 assert sys.modules["torch"] is None
 assert not [m for m in sys.modules if m.startswith(("cbcert.convert", "cbcert.training"))]
 print(json.dumps({{"logits": np.asarray(logits).tolist(), "counts": np.asarray(counts).tolist()}}))
@@ -264,8 +264,8 @@ print(json.dumps({{"logits": np.asarray(logits).tolist(), "counts": np.asarray(c
     child = json.loads(run_python(code).strip().splitlines()[-1])
     z = jax.random.normal(jax.random.key(0), (3, 12))
     logits = jax.jit(world.latent_apply(models))(world.params, z)
-    counts = count_classes(world.latent_apply(models), world.params, z, Gaussian(), 0.5,
-                           jax.random.key(1), 16, num_classes=2)
+    counts = count_classes(world.latent_apply(models), world.params, z, Gaussian(),
+                           jax.random.key(1), 16, scale=0.5, num_classes=2)
     np.testing.assert_array_equal(np.asarray(child["logits"], np.float32), logits)
     np.testing.assert_array_equal(child["counts"], counts)
     assert np.asarray(counts).sum() == 3 * 3 * 16
@@ -540,10 +540,10 @@ def test_noise_and_attacks_on_a_multi_class_world_move_z_only(ten_class_dirs):
     noise = multi.noise(Gaussian(), "latent")
     assert noise.size == 12 and one.noise(Gaussian(), "latent") == Gaussian()
     models = ("std", "cbm")
-    counts = count_classes(multi.latent_apply(models), multi.params, inputs[idx], noise, 0.5,
-                           jax.random.key(1), 32, num_classes=2, indices=idx)
+    counts = count_classes(multi.latent_apply(models), multi.params, inputs[idx], noise,
+                           jax.random.key(1), 32, scale=0.5, num_classes=2, indices=idx)
     single = count_classes(one.latent_apply(models), one.params, inputs[idx, :12], Gaussian(),
-                           0.5, jax.random.key(1), 32, num_classes=2, indices=idx)
+                           jax.random.key(1), 32, scale=0.5, num_classes=2, indices=idx)
     np.testing.assert_array_equal(counts, single)
 
     from cbcert.runs import attacker

@@ -23,7 +23,7 @@ import numpy as np
 class _SmoothedLogProbs:
     """Static part of the smoothed logits function (compared by value, so jit reuses it).
 
-    ``noise_param`` and ``noise_keys`` are call arguments, hence traced: new keys or a
+    ``noise_scale`` and ``noise_keys`` are call arguments, hence traced: new keys or a
     new noise scale do not recompile the attack.
     """
 
@@ -34,12 +34,12 @@ class _SmoothedLogProbs:
     noise_owner: object
     eot: int
 
-    def _noise(self, key, x, param):
+    def _noise(self, key, x, scale):
         if self.noise_owner is None:
-            return self.noise_fn(key, x, param)
-        return self.noise_fn(self.noise_owner, key, x, param)
+            return self.noise_fn(key, x, scale)
+        return self.noise_fn(self.noise_owner, key, x, scale)
 
-    def __call__(self, noise_param, noise_keys, x):
+    def __call__(self, noise_scale, noise_keys, x):
         """``x[B, *event] -> log p_hat[B, C]`` with ``p_hat`` the ``eot``-sample mean softmax."""
         batch, event = x.shape[0], x.shape[1:]
         sample_ids = jnp.arange(self.eot)
@@ -48,7 +48,7 @@ class _SmoothedLogProbs:
             noise_keys
         )  # [B, eot]
         perturb_one = jax.vmap(self._noise, in_axes=(0, None, None))  # over samples
-        noisy = jax.vmap(perturb_one, in_axes=(0, 0, None))(keys, x, noise_param)
+        noisy = jax.vmap(perturb_one, in_axes=(0, 0, None))(keys, x, noise_scale)
         logits = self.logits_fn(noisy.reshape((batch * self.eot,) + event))  # [B*eot, C]
         log_probs = jax.nn.log_softmax(logits.reshape(batch, self.eot, -1), axis=-1)
         return jax.nn.logsumexp(log_probs, axis=1) - jnp.log(self.eot)  # [B, C]
@@ -58,16 +58,16 @@ class _SmoothedLogProbs:
 class SmoothedLogits:
     """``x[B, *event] -> log p_hat[B, C]``: the static part with its traced arrays bound.
 
-    A pytree (``noise_param`` and ``noise_keys`` are its leaves), so ``apgd`` traces them;
+    A pytree (``noise_scale`` and ``noise_keys`` are its leaves), so ``apgd`` traces them;
     ``take_rows`` restricts it to some examples, with their own noise keys.
     """
 
     static: _SmoothedLogProbs
-    noise_param: jax.Array
+    noise_scale: jax.Array
     noise_keys: jax.Array  # [B]
 
     def __call__(self, x):
-        return self.static(self.noise_param, self.noise_keys, x)
+        return self.static(self.noise_scale, self.noise_keys, x)
 
     def take_rows(self, rows: jax.Array) -> SmoothedLogits:
         """The same function for the examples ``rows[b]`` (indices into the batch)."""
@@ -75,7 +75,7 @@ class SmoothedLogits:
 
 
 jax.tree_util.register_dataclass(
-    SmoothedLogits, data_fields=["noise_param", "noise_keys"], meta_fields=["static"]
+    SmoothedLogits, data_fields=["noise_scale", "noise_keys"], meta_fields=["static"]
 )
 
 
@@ -83,14 +83,14 @@ def smoothed_logits_fn(
     logits_fn: Callable[[jax.Array], jax.Array],
     *,
     noise: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
-    noise_param,
+    noise_scale,
     noise_keys: jax.Array,
     eot: int,
 ) -> SmoothedLogits:
     """Logits of the Monte Carlo smoothed classifier, for attacking it with APGD.
 
     Returns ``g(x[B, *event]) = log p_hat(x)[B, C]`` where
-    ``p_hat(x)_i = (1/eot) sum_j softmax(f(noise(k_ij, x_i, noise_param)))`` and
+    ``p_hat(x)_i = (1/eot) sum_j softmax(f(noise(k_ij, x_i, noise_scale)))`` and
     ``k_ij = fold_in(noise_keys[i], j)`` (SmoothAdv's fixed noise samples, Salman et
     al. 2019, Sec. 3). ``cross_entropy(g(x), y) = -log p_hat(x)_y`` is the SmoothAdv
     loss, so pass ``g`` to :func:`cbcert.attacks.apgd.apgd` with ``loss='ce'`` and
@@ -98,7 +98,7 @@ def smoothed_logits_fn(
     so its misclassifying a point must not stop the attack. Judge the adversarial points
     with the Monte Carlo ``PREDICT`` of the smoothed classifier, not with ``p_hat``.
 
-    The result is a :class:`SmoothedLogits` pytree whose arrays (``noise_param``,
+    The result is a :class:`SmoothedLogits` pytree whose arrays (``noise_scale``,
     ``noise_keys``) are traced by ``apgd``: one compilation per (``logits_fn``,
     ``noise``, ``eot``, shapes). A plain ``noise`` function is compared by identity;
     a bound method (``Gaussian().perturb``) by its function and by its owner's value,
@@ -106,9 +106,9 @@ def smoothed_logits_fn(
 
     Args:
       logits_fn: ``x[N, *event] -> logits[N, C]``; called on ``B * eot`` points at once.
-      noise: ``noise(key, x[*event], param) -> x_noisy[*event]`` for one sample (the
+      noise: ``noise(key, x[*event], scale) -> x_noisy[*event]`` for one sample (the
         engine noise models' ``perturb``).
-      noise_param: the noise scale (sigma, rho, ...), traced.
+      noise_scale: the noise scale (sigma, rho, ...), traced.
       noise_keys: ``[B]`` PRNG keys, one per input, fixed during the attack.
       eot: number of noise samples per input (>= 1).
 
@@ -121,4 +121,4 @@ def smoothed_logits_fn(
         static = _SmoothedLogProbs(logits_fn, noise.__func__, noise.__self__, int(eot))
     else:
         static = _SmoothedLogProbs(logits_fn, noise, None, int(eot))
-    return SmoothedLogits(static, jnp.asarray(noise_param), noise_keys)
+    return SmoothedLogits(static, jnp.asarray(noise_scale), noise_keys)

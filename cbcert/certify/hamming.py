@@ -93,8 +93,12 @@ def bernoulli_regions(delta: int, rho: float) -> Regions:
     Returns:
       :class:`Regions` with ``R = Δ + 1``.
     """
-    delta = _check_int(delta, "delta", 0, np.iinfo(np.int32).max)
-    rho = check_rho(rho)
+    return _bernoulli_regions(_check_int(delta, "delta", 0, np.iinfo(np.int32).max),
+                              check_rho(rho))
+
+
+def _bernoulli_regions(delta: int, rho: float) -> Regions:
+    """`bernoulli_regions` for a checked ``delta`` and ``rho``."""
     j = np.arange(delta + 1, dtype=np.float64)  # [Δ+1]
     log_c = _log_binom(delta, j)
     log_keep, log_flip = np.log1p(-rho), np.log(rho)
@@ -282,6 +286,8 @@ def hamming_radius(
 class BernoulliHammingRadius:
     """Radius rule for independent concept flips with probability ``rho`` among ``num_concepts``.
 
+    ``rho`` is checked once, here (an invariant of the rule; ρ as typed was checked at the edge).
+
     >>> rule = BernoulliHammingRadius(rho=0.2, num_concepts=1000)
     >>> rule.radius(0.001 ** (1 / 1000), None)  # saturated n = 1000 at alpha = 0.001
     array(4.)
@@ -296,7 +302,8 @@ class BernoulliHammingRadius:
 
     def regions(self, delta: int) -> Regions:
         """:func:`bernoulli_regions` at distance ``delta``."""
-        return bernoulli_regions(_check_int(delta, "delta", 0, self.num_concepts), self.rho)
+        return _bernoulli_regions(_check_int(delta, "delta", 0, self.num_concepts),
+                                  float(self.rho))
 
     def radius(self, p_lower: np.ndarray, p_upper: np.ndarray | None) -> np.ndarray:
         """Certified Hamming radii ``[...]`` (float64, NaN = abstain); :func:`hamming_radius`."""

@@ -44,7 +44,11 @@ def l2_radius(p_lower: np.ndarray | float, sigma: float) -> np.ndarray:
     >>> float(l2_radius(0.001 ** (1 / 1000), sigma=1.0))  # saturated n = 1000, alpha = 0.001
     2.4632626147808114
     """
-    sigma = check_sigma(sigma)
+    return _one_class(p_lower, check_sigma(sigma))
+
+
+def _one_class(p_lower, sigma: float) -> np.ndarray:
+    """`l2_radius` for a checked ``sigma``."""
     p = check_probability(p_lower, "p_lower")
     return np.where(p < 0.5, np.nan, sigma * stats.norm.ppf(p))
 
@@ -69,7 +73,11 @@ def l2_radius_two_class(
     >>> float(l2_radius_two_class(0.9, 0.05, sigma=0.5))
     0.7316012981240183
     """
-    sigma = check_sigma(sigma)
+    return _two_class(p_lower, p_upper, check_sigma(sigma))
+
+
+def _two_class(p_lower, p_upper, sigma: float) -> np.ndarray:
+    """`l2_radius_two_class` for a checked ``sigma``."""
     pa = check_probability(p_lower, "p_lower")
     pb = check_probability(p_upper, "p_upper")
     with np.errstate(invalid="ignore"):  # inf - inf only arises in abstained entries
@@ -82,7 +90,8 @@ class L2Radius:
     """Radius rule for Gaussian latent smoothing with standard deviation ``sigma``.
 
     ``radius(p_lower, None)`` is the one-class radius :func:`l2_radius`;
-    ``radius(p_lower, p_upper)`` the two-class radius :func:`l2_radius_two_class`.
+    ``radius(p_lower, p_upper)`` the two-class radius :func:`l2_radius_two_class`. ``sigma``
+    is checked once, here (an invariant of the rule; σ as typed was checked at the edge).
     """
 
     sigma: float
@@ -93,5 +102,5 @@ class L2Radius:
     def radius(self, p_lower: np.ndarray, p_upper: np.ndarray | None) -> np.ndarray:
         """Certified L2 radii ``[...]`` (float64, NaN = abstain) from bounds ``[...]``."""
         if p_upper is None:
-            return l2_radius(p_lower, self.sigma)
-        return l2_radius_two_class(p_lower, p_upper, self.sigma)
+            return _one_class(p_lower, float(self.sigma))
+        return _two_class(p_lower, p_upper, float(self.sigma))

@@ -12,9 +12,14 @@ fixed      concept   m       flip exactly m uniformly chosen concepts     Hammin
 ========== ========= ======= ============================================ ====================
 
 Everything that depends on the kind -- which noise to sample, the scale's name and allowed
-range (checked here, once, against `cbcert.schema.RULES`), the radius rule, the certified
-scale, the radius grid of the reports, file names -- is a field or method of its `Smoothing`
-entry, so no other module dispatches on the kind's name.
+range (checked here against `cbcert.schema.RULES`), the radius rule, the certified scale, the
+radius grid of the reports, file names -- is a field or method of its `Smoothing` entry, so no
+other module dispatches on the kind's name.
+
+The scale is a user's value: `Smoothing.check` is THE rule, run once at the edge -- a
+`cbcert.runs.certify.CertifyJob` or `cbcert.runs.attack.AttackJob` (CLI, sweeps, runners)
+and the API's `cbcert.api.Noise` -- and every layer below trusts it (the engine keeps a free
+invariant guard, `cbcert.engine.noise.NoiseModel.check_scale`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from cbcert.certify.cohen import RadiusRule
 from cbcert.certify.hamming import BernoulliHammingRadius, FixedFlipHammingRadius
 from cbcert.certify.l2 import L2Radius
 from cbcert.engine.noise import BernoulliFlips, FixedFlips, Gaussian
@@ -52,11 +58,22 @@ class Smoothing:
     prefix: str
     _noise: Callable[[int], Any]
     _rule: str
+    _radius: Callable[[float, int], RadiusRule]
 
     def check(self, scale: Any, num_concepts: int | None = None) -> None:
-        """Raise `ConfigError` (key = `key`) unless ``scale`` is allowed; ``m ≤ K`` when known."""
+        """Raise `ConfigError` (key = `key`) unless ``scale`` is allowed; ``m ≤ K`` when known.
+
+        The user rule (`cbcert.schema.RULES`), run once where a value enters: the jobs and the
+        API's `Noise`. Below them the scale is trusted.
+        """
         validate(self._rule, scale, key=self.key)
-        if self.kind == "fixed" and num_concepts is not None and scale > num_concepts:
+        if num_concepts is not None:
+            self.check_concepts(scale, num_concepts)
+
+    def check_concepts(self, scale: Any, num_concepts: int) -> None:
+        """The part of `check` that needs the world: ``m ≤ K`` for fixed flips (σ and ρ have
+        none). For a scale `check` passed before K was known (a job, then its world)."""
+        if self.kind == "fixed" and scale > num_concepts:
             detail = f"got {scale}, allowed range [1, K={num_concepts}] (the world's concepts)"
             raise ConfigError(f"key '{self.key}': {detail}", key=self.key, value=scale,
                               allowed=f"[1, {num_concepts}]", detail=detail)
@@ -77,15 +94,11 @@ class Smoothing:
         """
         return min(float(scale), self.noise(num_concepts).drawn(scale, dtype))
 
-    def radius_rule(self, scale: float, num_concepts: int, dtype=None):
+    def radius_rule(self, scale: float, num_concepts: int, dtype=None) -> RadiusRule:
         """The radius rule (``rule.radius(p_lower, p_upper)``) at the certified scale for
-        inputs of ``dtype`` (None: float32)."""
-        if self.kind == "fixed":
-            return FixedFlipHammingRadius(int(scale), num_concepts)
-        certified = self.certified_scale(scale, num_concepts, dtype)
-        if self.hamming:
-            return BernoulliHammingRadius(certified, num_concepts)
-        return L2Radius(certified)
+        inputs of ``dtype`` (None: float32): `L2Radius` (σ), `BernoulliHammingRadius` (ρ) or
+        `FixedFlipHammingRadius` (m, drawn exactly). Build it once per run and pass it on."""
+        return self._radius(self.certified_scale(scale, num_concepts, dtype), num_concepts)
 
     def radius_grid(self, scale: float, num_concepts: int) -> np.ndarray:
         """Radii at which certified accuracy is reported: σ/4 steps to 4σ, or 0…K (Hamming)."""
@@ -102,11 +115,11 @@ SMOOTHINGS: dict[str, Smoothing] = {
     s.kind: s
     for s in (
         Smoothing("gaussian", "latent", "sigma", "σ", False, "latent-sigma",
-                  lambda k: Gaussian(), "sigma"),
+                  lambda k: Gaussian(), "sigma", lambda sigma, k: L2Radius(sigma)),
         Smoothing("bernoulli", "concept", "rho", "ρ", True, "concept-rho",
-                  BernoulliFlips, "rho"),
+                  BernoulliFlips, "rho", BernoulliHammingRadius),
         Smoothing("fixed", "concept", "flips", "m", True, "concept-flips",
-                  FixedFlips, "count"),
+                  FixedFlips, "count", lambda m, k: FixedFlipHammingRadius(int(m), k)),
     )
 }
 KINDS = tuple(SMOOTHINGS)
@@ -121,6 +134,17 @@ def smoothing(kind: str) -> Smoothing:
     except (KeyError, TypeError):
         raise ConfigError(f"key 'noise': got {kind!r}, allowed: {', '.join(KINDS)}",
                           key="noise", value=kind, allowed=", ".join(KINDS)) from None
+
+
+def attack_name(space: str, scale: float | None = None) -> str:
+    """Run-directory name of an attack in ``space``: ``attack-latent`` on the base classifier,
+    ``attack-latent-smoothed-sigma0.25`` (``attack-concept-smoothed-rho0.2``) on the smoothed
+    one at ``scale`` -- the space's smoothing names the scale (`of_space`)."""
+    name = f"attack-{space}"
+    if scale is None:
+        return name
+    kind = of_space(space)
+    return f"{name}-smoothed-{kind.key}{value_name(scale)}"
 
 
 def of_space(space: str) -> Smoothing:

@@ -127,7 +127,6 @@ def run_certification(noise: str, scale, mode: str, opts: dict) -> dict:
                                         classifier=opts["classifier"],
                                         normalize=opts["normalize"], pixels=True)
     with common.bad_input():
-        kind.check(scale, world.generator.num_concepts)
         with bar(f"{mode} {name}", opts["quiet"]) as progress:
             summary = run(world, job, out, progress=progress, chunk_size=opts["chunk_size"],
                           max_memory=opts["max_memory"], preflight=True,

@@ -7,13 +7,12 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from cbcert.certify.smoothing import of_space
+from cbcert.certify.smoothing import attack_name, of_space
 from cbcert.cli import common
 from cbcert.cli.distributed import distributed_options
 from cbcert.cli.progress import bar
 from cbcert.runs.attack import AttackJob
 from cbcert.runs.perturb import PerturbJob
-from cbcert.schema import value_name
 
 # PerturbJob's ``num_inputs`` is ``--pool``: agreement inputs perturbed, not certified.
 PERTURB_FLAGS = {"num_inputs": "--pool", "num_subsets": "--subsets", "eps": "--eps",
@@ -225,8 +224,8 @@ def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss
                         models=common.names(models), seed=seed, num_inputs=inputs, batch=batch,
                         explain=explain)
     common.check_memory(chunk_size, max_memory)
-    suffix = f"-smoothed-{of_space(space).key}{value_name(scale)}" if smoothed else ""
-    out = common.writable_out(out or Path("results") / f"attack-{space}{suffix}-seed{seed}")
+    name = attack_name(space, scale if smoothed else None)
+    out = common.writable_out(out or Path("results") / f"{name}-seed{seed}")
     world = common.load_agreement_world(world_name, job.models, concepts=space == "concept")
     if loss == "dlr" and world.num_classes < 3:
         raise click.BadParameter(f"DLR needs >= 3 classes, {world.name} has "

@@ -61,11 +61,11 @@ def count_classes_sequential(
     params,
     inputs,
     noise: NoiseModel,
-    param,
     key: jax.Array,
     checkpoints: Sequence[int],
     decide: Decide,
     *,
+    scale,
     num_classes: int,
     indices=None,
     chunk_size: int | None = None,
@@ -77,14 +77,14 @@ def count_classes_sequential(
     """Label counts of every head with per-input stopping at checkpoints (continuous batching).
 
     Input ``n`` draws samples ``j = 0, 1, …`` with ``x̃_nj = noise.perturb(sample_key(key,
-    indices[n], j), inputs[n], param)`` as in ``count_classes``. When its first
+    indices[n], j), inputs[n], scale)`` as in ``count_classes``. When its first
     ``checkpoints[k]`` labels are counted, ``decide([n], k, counts)`` is called (inputs reaching
     a checkpoint together come in one call); if it returns True, or ``k`` is the last
     checkpoint, the input stops with ``samples[n] = checkpoints[k]`` and ``finished`` is called
     for it, else it continues to ``checkpoints[k + 1]``.
 
     Args:
-      apply_fn, params, inputs, noise, param, key, num_classes, indices, chunk_size,
+      apply_fn, params, inputs, noise, key, scale, num_classes, indices, chunk_size,
       max_memory, mesh, dtype: as in ``cbcert.engine.sampler.count_classes`` (the chunk size is
         sized and capped for ``N · checkpoints[-1]`` pairs).
       checkpoints: strictly increasing sample counts ``n_1 < … < n_K`` (``n_K`` the maximum).
@@ -105,7 +105,7 @@ def count_classes_sequential(
     if not (isinstance(num_classes, int | np.integer) and num_classes >= 1):
         raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
     body = sampler._argmax_body(apply_fn, int(num_classes))
-    run = sampler._Run.create(body, params, inputs, noise, param, key, checkpoints[-1], indices,
+    run = sampler._Run.create(body, params, inputs, noise, scale, key, checkpoints[-1], indices,
                               chunk_size, max_memory, mesh, dtype)
     sampler.check_finite_inputs(run.inputs, run.indices)
     return _Scheduler(run, checkpoints, int(num_classes), decide, finished).execute()
@@ -178,7 +178,7 @@ class _Scheduler:
         run = self.run
         put = functools.partial(sharding.put_batch, run.mesh)
         return run.step(run.params, put(run.inputs[rows]), put(run.indices[rows]),
-                        put(samples.astype(np.int32)), run.key_data, run.param)
+                        put(samples.astype(np.int32)), run.key_data, run.scale)
 
     def _finish(self, out, rows: np.ndarray, samples: np.ndarray, valid: int) -> None:
         labels = sharding.fetch_replicated(out)[:valid]  # [v, H]

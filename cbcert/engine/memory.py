@@ -141,7 +141,7 @@ def probe_pairs(num_pairs: int, shards: int) -> int:
     return min(_pairs_needed(num_pairs, shards), PROBE_PAIRS_PER_DEVICE)
 
 
-def probe_step(step, mesh, params, event_shape, input_dtype, key_data, param,
+def probe_step(step, mesh, params, event_shape, input_dtype, key_data, scale,
                pairs: int = PROBE_PAIRS_PER_DEVICE) -> tuple[PairCost, Any]:
     """Per-device bytes and FLOPs of one (input, sample) pair, from XLA's analyses, and the
     probe's compiled step.
@@ -155,7 +155,7 @@ def probe_step(step, mesh, params, event_shape, input_dtype, key_data, param,
     compiling the same program again. Cached per configuration, so only the first run of a
     configuration pays for the probe.
     """
-    leaves, treedef = jax.tree.flatten((params, key_data, param))
+    leaves, treedef = jax.tree.flatten((params, key_data, scale))
     signature = (treedef, tuple((tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in leaves))
     return _probe_cached(step, mesh, signature, tuple(event_shape), np.dtype(input_dtype),
                          int(pairs))
@@ -165,7 +165,7 @@ def probe_step(step, mesh, params, event_shape, input_dtype, key_data, param,
 def _probe_cached(step, mesh, signature, event_shape, input_dtype, pairs):
     treedef, avals = signature
     replicated = NamedSharding(mesh, P())
-    params, key_data, param = jax.tree.unflatten(
+    params, key_data, scale = jax.tree.unflatten(
         treedef, [jax.ShapeDtypeStruct(shape, dtype, sharding=replicated) for shape, dtype in avals]
     )
     shards = sharding.num_shards(mesh)
@@ -177,7 +177,7 @@ def _probe_cached(step, mesh, signature, event_shape, input_dtype, pairs):
         jax.ShapeDtypeStruct((probe,), jnp.int32, sharding=batch),
         jax.ShapeDtypeStruct((probe,), jnp.int32, sharding=batch),
         key_data,
-        param,
+        scale,
     )
     event_bytes = math.prod(event_shape) * input_dtype.itemsize
     compiled = step.lower(*args).compile()

@@ -42,10 +42,10 @@ def count_classes(
     params,
     inputs,
     noise: NoiseModel,
-    param,
     key: jax.Array,
     num_samples: int,
     *,
+    scale,
     num_classes: int,
     indices=None,
     chunk_size: int | None = None,
@@ -57,7 +57,7 @@ def count_classes(
     """Counts of argmax labels of every head over noisy samples of every input.
 
     ``counts[n, h, y] = #{j < num_samples : argmax_c apply_fn(params, x̃_nj)[h, c] = y}`` with
-    ``x̃_nj = noise.perturb(sample_key(key, indices[n], j), inputs[n], param)`` — the Monte Carlo
+    ``x̃_nj = noise.perturb(sample_key(key, indices[n], j), inputs[n], scale)`` — the Monte Carlo
     estimate behind ``PREDICT``/``CERTIFY`` of Cohen et al. (2019) and Lee et al. (2019). All H
     heads see the same noisy sample.
 
@@ -66,10 +66,10 @@ def count_classes(
       params: pytree of arrays passed to ``apply_fn`` (replicated on every device).
       inputs: ``[N, *event]`` clean inputs in the perturbation space (latents ``z`` or concept
         representations ``c``).
-      noise: noise model (``cbcert.engine.noise``); ``param`` is its traced scale (σ, ρ, m, ε).
-      param: scalar noise scale, validated by ``noise.check_param``.
+      noise: noise model (``cbcert.engine.noise``).
       key: stream key (e.g. ``stream_key(root, STREAM_ESTIMATE)``), typed or raw ``uint32[2]``.
       num_samples: noisy samples per input, ``>= 1``.
+      scale: the noise's scale (σ, ρ, m, ε), keyword-only, traced (one step for all scales).
       num_classes: C, the size of the logits' last axis.
       indices: ``[N]`` global input indices (default ``arange(N)``); pass them when ``inputs``
         is a subset or a batch of a larger run so the noise stays the same.
@@ -95,7 +95,7 @@ def count_classes(
     if not (isinstance(num_classes, int | np.integer) and num_classes >= 1):
         raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
     body = _argmax_body(apply_fn, int(num_classes))
-    run = _Run.create(body, params, inputs, noise, param, key, num_samples, indices, chunk_size,
+    run = _Run.create(body, params, inputs, noise, scale, key, num_samples, indices, chunk_size,
                       max_memory, mesh, dtype)
     check_finite_inputs(run.inputs, run.indices)
     counts = None
@@ -123,10 +123,10 @@ def map_samples(
     params,
     inputs,
     noise: NoiseModel,
-    param,
     key: jax.Array,
     num_samples: int,
     *,
+    scale,
     indices=None,
     chunk_size: int | None = None,
     max_memory: int | None = None,
@@ -137,18 +137,18 @@ def map_samples(
     """Per-sample results of ``fn`` on clean/noisy pairs (empirical PFR, CFR, DFS; SPEC §3).
 
     Sample j of input n is ``x̃_nj = noise.perturb(sample_key(key, indices[n], j), inputs[n],
-    param)`` exactly as in ``count_classes``, so both see the same noise for the same key.
+    scale)`` exactly as in ``count_classes``, so both see the same noise for the same key.
 
     Args:
       fn: ``fn(params, x_clean[B, *event], x_noisy[B, *event]) -> pytree of [B, ...]`` arrays,
         pure and jittable (e.g. predictions and concept states of clean and noisy images).
-      params, inputs, noise, param, key, num_samples, indices, chunk_size, max_memory, mesh,
+      params, inputs, noise, key, num_samples, scale, indices, chunk_size, max_memory, mesh,
       progress, dtype: as in ``count_classes`` (``dtype`` casts both clean and noisy inputs).
 
     Returns:
       The pytree of ``fn``'s outputs as numpy arrays ``[N, num_samples, ...]``.
     """
-    run = _Run.create(fn, params, inputs, noise, param, key, num_samples, indices, chunk_size,
+    run = _Run.create(fn, params, inputs, noise, scale, key, num_samples, indices, chunk_size,
                       max_memory, mesh, dtype)
     flat_out = None
 
@@ -195,8 +195,8 @@ def map_inputs(
     Returns:
       The pytree of ``fn``'s outputs as numpy arrays ``[N, ...]``.
     """
-    out = map_samples(_clean_body(fn), params, inputs, Unperturbed(), 0.0, _UNUSED_KEY, 1,
-                      chunk_size=chunk_size, max_memory=max_memory, mesh=mesh,
+    out = map_samples(_clean_body(fn), params, inputs, Unperturbed(), _UNUSED_KEY, 1,
+                      scale=0.0, chunk_size=chunk_size, max_memory=max_memory, mesh=mesh,
                       progress=progress, dtype=dtype)
     return jax.tree.map(lambda leaf: leaf[:, 0], out)
 
@@ -205,14 +205,14 @@ def map_inputs(
 class Unperturbed:
     """The identity "noise" of `map_inputs`: every sample is the clean input."""
 
-    def check_param(self, param) -> np.ndarray:
+    def check_scale(self, scale) -> np.ndarray:
         return np.float32(0.0)
 
     def check_event(self, event_shape: tuple[int, ...]) -> None:
         del event_shape
 
-    def perturb(self, key: jax.Array, x: jax.Array, param: jax.Array) -> jax.Array:
-        del key, param
+    def perturb(self, key: jax.Array, x: jax.Array, scale: jax.Array) -> jax.Array:
+        del key, scale
         return x
 
 
@@ -270,16 +270,16 @@ def _argmax_body(apply_fn: Callable, num_classes: int) -> Callable:
 
 @functools.lru_cache(maxsize=64)
 def _step(body: Callable, noise: NoiseModel, mesh: Mesh, key_impl: str | None, dtype) -> Callable:
-    """Jitted chunk step ``(params, x[B,*event], i[B], j[B], key_data, param) -> body outputs``.
+    """Jitted chunk step ``(params, x[B,*event], i[B], j[B], key_data, scale) -> body outputs``.
 
     Each device draws the noise of its own pairs and runs ``body`` on them (``shard_map``: the
     partitioning is explicit, the compiler does not get to choose); the per-pair results are
     then replicated (one all-gather of small outputs) so every process can read all of them.
     """
-    def local(params, x, i, j, key_data, param):
+    def local(params, x, i, j, key_data, scale):
         key = key_data if key_impl is None else jax.random.wrap_key_data(key_data, impl=key_impl)
         keys = jax.vmap(sample_key, in_axes=(None, 0, 0))(key, i, j)  # [b]
-        x_noisy = jax.vmap(noise.perturb, in_axes=(0, 0, None))(keys, x, param)  # [b, *event]
+        x_noisy = jax.vmap(noise.perturb, in_axes=(0, 0, None))(keys, x, scale)  # [b, *event]
         if dtype is not None:
             x, x_noisy = x.astype(dtype), x_noisy.astype(dtype)
         out = body(params, x, x_noisy)
@@ -312,10 +312,10 @@ class _Run:
     num_pairs: int
     chunk: int  # pairs per chunk, a multiple of the device count
     key_data: jax.Array
-    param: jax.Array
+    scale: jax.Array
 
     @classmethod
-    def create(cls, body, params, inputs, noise, param, key, num_samples, indices, chunk_size,
+    def create(cls, body, params, inputs, noise, scale, key, num_samples, indices, chunk_size,
                max_memory, mesh, dtype) -> "_Run":
         check_dtype(dtype)
         inputs = np.asarray(inputs)
@@ -326,7 +326,7 @@ class _Run:
         if not (isinstance(num_samples, int | np.integer) and 1 <= num_samples < _MAX_INDEX):
             raise ValueError(f"num_samples={num_samples!r} must be an integer in [1, 2**31)")
         noise.check_event(event_shape)
-        param = noise.check_param(param)
+        scale = noise.check_scale(scale)
         indices = _check_indices(indices, num_inputs)
         key_data, key_impl = _split_key(key)
         mesh = sharding.default_mesh() if mesh is None else mesh
@@ -337,7 +337,7 @@ class _Run:
         if chunk_size is None:
             probe = memory.probe_pairs(num_pairs, shards)
             cost, compiled = memory.probe_step(step, mesh, params, event_shape, inputs.dtype,
-                                               key_data, param, probe)
+                                               key_data, scale, probe)
             compute_bound = (memory.default_cpu_budget(max_memory, mesh)
                              and cost.intensity >= memory.COMPUTE_BOUND_FLOPS_PER_BYTE)
             chunk_size = memory.auto_chunk_size(cost.bytes,
@@ -355,7 +355,7 @@ class _Run:
             num_inputs=num_inputs, num_samples=int(num_samples), num_pairs=num_pairs,
             chunk=-(-int(chunk_size) // shards) * shards,
             key_data=sharding.put_replicated(mesh, key_data),
-            param=sharding.put_replicated(mesh, param),
+            scale=sharding.put_replicated(mesh, scale),
         )
 
     def execute(self, consume: Callable, progress: ProgressCallback | None) -> None:
@@ -381,7 +381,7 @@ class _Run:
             put(self.indices[rows]),
             put((pairs % self.num_samples).astype(np.int32)),
             self.key_data,
-            self.param,
+            self.scale,
         )
 
     def _finish(self, consume, callback, out, start: int, valid: int) -> None:

@@ -19,11 +19,12 @@ from jax.tree_util import Partial
 
 from cbcert.attacks.apgd import apgd
 from cbcert.attacks.smoothed import smoothed_logits_fn
-from cbcert.certify.cohen import predict_counts
+from cbcert.certify.cohen import Prediction
+from cbcert.certify.monte_carlo import predict_heads
 from cbcert.certify.smoothing import of_space
 from cbcert.engine.keys import Stream, stream_key
 from cbcert.engine.memory import batch_within_memory
-from cbcert.engine.sampler import count_classes, map_inputs
+from cbcert.engine.sampler import map_inputs
 
 # APGD's smallest sub-batch: XLA:CPU rounds a row differently in batches of 1-2 than in 4+.
 MIN_ATTACK_CHUNK = 4
@@ -129,28 +130,18 @@ class Attacker:
     def clean_predictions(self, x: np.ndarray, idx: np.ndarray) -> dict[str, dict]:
         """Per model: clean prediction ``[v]`` (PREDICT when smoothed, argmax otherwise)."""
         if self.job.smoothed:
-            counts = self._counts(self.apply_all, x, idx)  # [v, H, C]
-            return {
-                m: _prediction_fields(predict_counts(counts[:, h], self.job.alpha))
-                for h, m in enumerate(self.job.models)
-            }
+            result = self._predict(self.apply_all, x, idx, len(self.job.models))  # [v, H]
+            return {m: _prediction_fields(result, h) for h, m in enumerate(self.job.models)}
         labels = map_inputs(_argmax(self.apply_all), self.params, x, **self.memory)  # [v, H]
         return {m: {"prediction": labels[:, h]} for h, m in enumerate(self.job.models)}
 
-    def _counts(self, apply_fn, x, idx) -> np.ndarray:
-        return count_classes(
-            apply_fn,
-            self.params,
-            x,
-            self.noise,
-            self.job.scale,
-            stream_key(self.root, Stream.ESTIMATE),
-            self.job.n,
-            num_classes=self.world.num_classes,
-            indices=idx,
-            progress=False,
-            **self.memory,
-        )
+    def _predict(self, apply_fn, x, idx, heads: int) -> Prediction:
+        """PREDICT (``n`` estimation samples, level α) of ``x[v]`` by every head: fields
+        ``[v, H]``, through the one path of `cbcert.api.predict_heads`."""
+        return predict_heads(apply_fn, self.params, x, self.noise, self.root, self.job.n,
+                             self.job.alpha, scale=self.job.scale, heads=heads,
+                             num_classes=self.world.num_classes, indices=idx, progress=False,
+                             **self.memory)
 
     def _bounds(self, x0: np.ndarray) -> dict[str, np.ndarray]:
         """APGD box bounds: none, or for inputs ``[z ; k]`` of a multi-class conditional world
@@ -182,7 +173,7 @@ class Attacker:
             logits_fn = smoothed_logits_fn(
                 logits_fn,
                 noise=self.noise.perturb,
-                noise_param=jnp.float32(job.scale),
+                noise_scale=jnp.float32(job.scale),
                 noise_keys=eot_keys(self.root, padded_idx),
                 eot=job.eot,
             )
@@ -208,8 +199,8 @@ class Attacker:
             "attack_fooled": np.asarray(info.fooled)[:valid],
         }
         if job.smoothed:
-            counts = self._counts(self.apply_one[model], x_adv, idx)[:, 0]  # [v, C]
-            fields.update(_prediction_fields(predict_counts(counts, job.alpha)))
+            fields.update(_prediction_fields(self._predict(self.apply_one[model], x_adv, idx, 1),
+                                             0))
         else:
             logits = np.asarray(self.evaluate(self.logits[model], jnp.asarray(_pad(x_adv, size))))
             fields["prediction"] = np.argmax(logits[:valid], axis=-1)
@@ -222,5 +213,5 @@ def _argmax(apply_fn: Callable) -> Callable:
     return lambda params, x: jnp.argmax(apply_fn(params, x), axis=-1).astype(jnp.int32)
 
 
-def _prediction_fields(result) -> dict[str, np.ndarray]:
-    return {"prediction": result.prediction, "p_value": result.p_value}
+def _prediction_fields(result: Prediction, head: int) -> dict[str, np.ndarray]:
+    return {"prediction": result.prediction[:, head], "p_value": result.p_value[:, head]}

@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cbcert.api import Noise, Smoothed
 from cbcert.certify import metrics
 from cbcert.certify.anytime import AnytimeSchedule
 from cbcert.certify.cohen import ABSTAIN
+from cbcert.certify.monte_carlo import certify_heads, predict_heads
 from cbcert.certify.randomized import BOUNDS, bound_uniforms
 from cbcert.certify.schedule import SEQUENTIAL_KEYS, Schedule, Stopping, check_settings
 from cbcert.certify.sequential import STOP_REASONS
@@ -289,8 +289,12 @@ def run(
     (`cbcert.runs.export`). A world with fixed inputs (``world.dataset``, pixels) certifies
     them in order with their own labels.
 
+    The scale was checked by the job (`CertifyJob`, the edge); here only its bound by the
+    world's concepts (``m <= K``), which the job cannot know. Nothing below checks it again.
+
     Returns the `RunSummary` (per model metrics).
     """
+    job.smoothing.check_concepts(job.scale, world.generator.num_concepts)
     if preflight:
         sequential.check_certifiable(job, world.generator.num_concepts)
     with session(out, "certify", {"job": job.pinned(), "world": world.name}, world,
@@ -337,10 +341,7 @@ def _run(world, job: CertifyJob, directory: Session, progress, chunk_size, max_m
     if progress:
         progress(finished, job.num_inputs)
     batches = range(0, len(todo), job.batch) if job.schedule == "fixed" else ()
-    smoothed = Smoothed(apply_fn, params, Noise(job.noise, job.scale, k,
-                                                world.perturbed_size(job.space)),
-                        num_classes=world.num_classes, chunk_size=chunk_size,
-                        max_memory=max_memory, dtype=common["dtype"])
+    engine = {key: common[key] for key in ("num_classes", "chunk_size", "max_memory", "dtype")}
     with directory.append() as sink, _naming_models(job.models, records_path):
         if job.schedule != "fixed" and todo:
             model = sequential.Sampling(apply_fn, params, noise, rule, root, common)
@@ -351,14 +352,17 @@ def _run(world, job: CertifyJob, directory: Session, progress, chunk_size, max_m
             idx = pool.indices[rows]
             start = time.perf_counter()
             if job.mode == "certify":
-                uniform = (bound_uniforms(root, idx) if job.bound == "randomized" else None)
-                result = smoothed.certify(inputs[rows], root, job.n0, job.n, job.alpha,
-                                          two_class=job.two_class, indices=idx,
-                                          uniform=uniform)  # [T, H]
+                uniform = bound_uniforms(root, idx) if job.bound == "randomized" else None
+                result = certify_heads(apply_fn, params, inputs[rows], noise, root, job.n0,
+                                       job.n, job.alpha, scale=job.scale, rule=rule,
+                                       two_class=job.two_class, indices=idx, uniform=uniform,
+                                       **engine)  # [T, H]
                 extra = {"p_lower": result.p_lower, "p_upper": result.p_upper,
                          "radius": result.radius}
             else:
-                result = smoothed.predict(inputs[rows], root, job.n, job.alpha, indices=idx)
+                result = predict_heads(apply_fn, params, inputs[rows], noise, root, job.n,
+                                       job.alpha, scale=job.scale, heads=len(job.models),
+                                       indices=idx, **engine)  # [T, H]
                 extra = {"p_value": result.p_value}
             seconds = (time.perf_counter() - start) / len(rows)
             for h, model in enumerate(job.models):

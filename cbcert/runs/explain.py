@@ -169,10 +169,10 @@ def _observations(world, job: ExplainJob, pool, memory: dict, progress) -> dict[
 
     progress(1, STEPS)
     shifted = map_samples(on_noisy(latent), params, pool.latents,
-                          world.noise(SphereShift(), "latent"), job.eps,
-                          stream_key(root, Stream.GEOMETRIC), 1, **common)
-    flipped = map_samples(on_noisy(concept), params, concepts, FixedFlips(k), job.tau,
-                          stream_key(root, Stream.SEMANTIC), 1, **common)
+                          world.noise(SphereShift(), "latent"),
+                          stream_key(root, Stream.GEOMETRIC), 1, scale=job.eps, **common)
+    flipped = map_samples(on_noisy(concept), params, concepts, FixedFlips(k),
+                          stream_key(root, Stream.SEMANTIC), 1, scale=job.tau, **common)
 
     def events(p, image):
         out = {"signs": world.concept_scores(p["clf"], image) > 0}  # [B, K]
@@ -194,8 +194,9 @@ def _observations(world, job: ExplainJob, pool, memory: dict, progress) -> dict[
     counts = {}
     for step, (name, stream, size) in enumerate((("select", Stream.SELECT, job.n0),
                                                  ("estimate", Stream.ESTIMATE, job.n)), 3):
-        counts[name] = total(map_samples(positive, params, pool.latents, noise, job.sigma,
-                                         stream_key(root, stream), size, **common))
+        counts[name] = total(map_samples(positive, params, pool.latents, noise,
+                                         stream_key(root, stream), size, scale=job.sigma,
+                                         **common))
         progress(step, STEPS)
     if job.rho is not None:
         def positive_c(p, x_clean, x_noisy):
@@ -204,7 +205,7 @@ def _observations(world, job: ExplainJob, pool, memory: dict, progress) -> dict[
         for name, stream, size in (("flips_select", Stream.SELECT, job.n0),
                                    ("flips_estimate", Stream.ESTIMATE, job.n)):
             counts[name] = total(map_samples(positive_c, params, concepts, BernoulliFlips(k),
-                                             job.rho, stream_key(root, stream), size,
+                                             stream_key(root, stream), size, scale=job.rho,
                                              **common))
     return {"clean": map_inputs(latent, params, pool.latents, **memory),
             "clean_concept": map_inputs(concept, params, concepts, **memory),

@@ -298,8 +298,9 @@ def run(
                     if todo:
                         clean = map_inputs(spec.clean, world.params, spec.inputs[rows], **memory)
                         perturbed = map_samples(
-                            spec.perturbed, world.params, spec.inputs[rows], spec.noise, value,
-                            spec.key, job.samples, indices=pool.indices[rows], **memory,
+                            spec.perturbed, world.params, spec.inputs[rows], spec.noise,
+                            spec.key, job.samples, scale=value, indices=pool.indices[rows],
+                            **memory,
                         )
                         for record in _records(job, pool, rows, clean, perturbed, heads):
                             if record["index"] not in done:

@@ -11,29 +11,18 @@ identical whatever the chunk size, devices or resume point.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from cbcert.api import drive_trackers
-from cbcert.certify.anytime import (
-    AnytimeCertifier,
-    largest_radius_anytime,
-    samples_needed_anytime,
-)
+from cbcert.certify.anytime import largest_radius_anytime, samples_needed_anytime
 from cbcert.certify.bounds import binomial_test_half
+from cbcert.certify.monte_carlo import certify_heads, predict_heads
 from cbcert.certify.randomized import bound_uniforms
 from cbcert.certify.schedule import largest_radius, samples_needed
-from cbcert.certify.sequential import (
-    STOP_REASONS,
-    SequentialCertifier,
-    SequentialPredictor,
-    pilot_hopeless,
-)
-from cbcert.engine.keys import Stream, stream_key
+from cbcert.certify.sequential import STOP_REASONS, pilot_hopeless
 from cbcert.engine.sampler import count_classes
 from cbcert.runs.directory import finite_or_none, json_line
 from cbcert.schema import ConfigError
@@ -103,8 +92,8 @@ _PILOT_INPUTS, _PILOT_SAMPLES = 8, 64
 def pilot(job, apply_fn, params, inputs, noise, key, common) -> None:
     """Raise `ConfigError` (the scale's key) if every model is hopeless on a pilot."""
     count, samples = min(_PILOT_INPUTS, len(inputs)), min(_PILOT_SAMPLES, job.n)
-    counts = count_classes(apply_fn, params, inputs[:count], noise, job.scale, key, samples,
-                           **common)  # [count, H, C]
+    counts = count_classes(apply_fn, params, inputs[:count], noise, key, samples,
+                           scale=job.scale, **common)  # [count, H, C]
     hopeless = pilot_hopeless(counts, job.n, job.alpha, mode=job.mode,
                               two_class=job.two_class)  # [count, H]
     if hopeless.all():
@@ -132,48 +121,38 @@ class Sampling:
 
 def run_sequential(job, pool, rows: np.ndarray, done: set, inputs, model: Sampling,
                    sink, progress, finished: int) -> None:
-    """Sequential CERTIFY/PREDICT of inputs ``rows`` (continuous batching); appends records."""
-    idx = pool.indices[rows]
-    schedule = job.plan()
-    if job.schedule == "anytime" and job.target_radius is not None and not job.two_class:
-        schedule = schedule.with_target(job.target_radius, model.rule)
-    memory = {k: model.common[k] for k in ("num_classes", "chunk_size", "max_memory", "dtype")}
-    start = time.perf_counter()
-    if job.mode == "certify":
-        select = count_classes(model.apply_fn, model.params, inputs[rows], model.noise,
-                               job.scale, stream_key(model.root, Stream.SELECT), job.n0,
-                               indices=idx, **model.common)  # [T, H, C]
-        if job.schedule == "anytime":
-            trackers = [AnytimeCertifier(select[:, h], schedule, model.rule,
-                                         stopping=job.stopping, two_class=job.two_class)
-                        for h in range(len(job.models))]
-        else:
-            uniform = bound_uniforms(model.root, idx) if job.bound == "randomized" else None
-            trackers = [SequentialCertifier(select[:, h], schedule, model.rule,
-                                            stopping=job.stopping, two_class=job.two_class,
-                                            uniform=uniform) for h in range(len(job.models))]
-    else:
-        trackers = [SequentialPredictor(len(rows), schedule) for _ in job.models]
-    select_seconds = (time.perf_counter() - start) / len(rows)
+    """Sequential CERTIFY/PREDICT of inputs ``rows`` (continuous batching); appends records.
 
-    def write(local, counts, samples, seconds):
+    Runs through the one PREDICT/CERTIFY path (``cbcert.certify.monte_carlo.certify_heads`` /
+    ``predict_heads``); records are written as inputs stop.
+    """
+    idx = pool.indices[rows]
+    memory = {k: model.common[k] for k in ("num_classes", "chunk_size", "max_memory", "dtype")}
+
+    def write(local, results, seconds):
         nonlocal finished
         for h, name in enumerate(job.models):
-            result = trackers[h].results(local)
             for r, row in enumerate(rows[local]):
                 if (int(pool.indices[row]), name) in done:
                     continue
-                record = _sequential_record(pool, row, name, result, r)
-                record["seconds"] = select_seconds + float(seconds[r])
+                record = _sequential_record(pool, row, name, results[h], r)
+                record["seconds"] = float(seconds[r])
                 sink.write(json_line(record))
         sink.flush()
         finished += len(local)
         if progress:
             progress(finished, job.num_inputs)
 
-    drive_trackers(model.apply_fn, model.params, inputs[rows], model.noise, job.scale,
-                   stream_key(model.root, Stream.ESTIMATE), schedule.checkpoints, trackers,
-                   indices=idx, finished=write, **memory)
+    common = dict(scale=job.scale, plan=job.plan(), indices=idx, finished=write,
+                  progress=model.common["progress"], **memory)
+    if job.mode == "certify":
+        uniform = bound_uniforms(model.root, idx) if job.bound == "randomized" else None
+        certify_heads(model.apply_fn, model.params, inputs[rows], model.noise, model.root,
+                      job.n0, job.n, job.alpha, rule=model.rule, two_class=job.two_class,
+                      stopping=job.stopping, uniform=uniform, **common)
+    else:
+        predict_heads(model.apply_fn, model.params, inputs[rows], model.noise, model.root,
+                      job.n, job.alpha, heads=len(job.models), **common)
 
 
 def _sequential_record(pool, row: int, model: str, result, r: int) -> dict:

@@ -52,7 +52,7 @@ from typing import Any, Literal
 import yaml
 
 from cbcert.certify.schedule import SEQUENTIAL_KEYS
-from cbcert.certify.smoothing import of_space, smoothing
+from cbcert.certify.smoothing import attack_name, of_space, smoothing
 from cbcert.runs import attack as attack_runner
 from cbcert.runs import certify as certify_runner
 from cbcert.runs import classes as classes_runner
@@ -78,7 +78,6 @@ from cbcert.runs.shards import (
     shard_cells,
     sweep_status,
 )
-from cbcert.schema import value_name
 
 SECTIONS = ("latent", "concept", "perturb", "attack", "classes", "explain")
 # What a file naming no section sweeps (classes and explain came later: old sweeps keep their
@@ -204,14 +203,8 @@ def _schedule(section) -> dict[str, Any]:
 def _attack_cell(config: ExperimentConfig, a) -> Cell:
     """The cell of attack section ``a`` (an `AttackConfig` of ``config``)."""
     predict = getattr(config, a.space)  # the PREDICT n and α of the latent or concept section
-    name = f"attack-{a.space}"
-    scale = None
-    if a.smoothed:
-        key = of_space(a.space).key
-        scale = getattr(a, key)
-        name += f"-smoothed-{key}{value_name(scale)}"
-    if a.name != "auto":
-        name = a.name
+    scale = getattr(a, of_space(a.space).key) if a.smoothed else None
+    name = attack_name(a.space, scale) if a.name == "auto" else a.name
     job = attack_runner.AttackJob(
         space=a.space, eps=a.eps, norm=a.norm, iters=a.iters, restarts=a.restarts,
         smoothed=a.smoothed, scale=scale, eot=a.eot, n=predict.n, alpha=predict.alpha,
