@@ -234,12 +234,14 @@ def test_run_refuses_bad_inputs(generator, labeler, tmp_path):
 
 
 def test_trained_cbae_plugs_into_the_biggan_generator(generator, labeler, tmp_path):
-    config = tc.CBAETrainConfig(steps=2, batch_size=4, num_unsup=3)
-    runner.run(generator, labeler, NAMES, config, tmp_path, identity={}, eval_samples=16,
+    # The batch, unsupervised width and evaluation size of the resume test above: its compiled
+    # training step and evaluation are reused (each compiles for ~10 s).
+    config = tc.CBAETrainConfig(steps=2, batch_size=8, num_unsup=2)
+    runner.run(generator, labeler, NAMES, config, tmp_path, identity={}, eval_samples=64,
            log=lambda s: None)
     cbae, _ = registry.load_module(tmp_path)
     gen = bg.biggan_generator(tiny_biggan(), class_index=2, truncation=1.0, cbae=cbae)
-    assert gen.concept_names == NAMES and gen.num_unsup == 3 and gen.concept_dim == 9
+    assert gen.concept_names == NAMES and gen.num_unsup == 2 and gen.concept_dim == 8
     z = jax.random.normal(jax.random.key(0), (3, 16))
     w = gen.g1(gen.params, z)
     np.testing.assert_allclose(gen.concepts(gen.params, z), cbae.encode(w), rtol=1e-6)

@@ -280,8 +280,11 @@ def test_preprocess_resizes_then_normalises():
     np.testing.assert_array_equal(same(jnp.ones((1, 2, 2, 3))), jnp.ones((1, 2, 2, 3)))
 
 
+# The latent run takes the automatic chunk (the probe on a world directory); the others name a
+# chunk no larger than their smallest stage, so that the agreement pool, PREDICT and ESTIMATE run
+# one compiled step instead of one per stage size (each a ResNet-18 program: ~3 s to compile).
 @pytest.mark.parametrize("command,scale", [("latent", ["--sigma", "0.2"]),
-                                           ("concept", ["--rho", "0.2"])])
+                                           ("concept", ["--rho", "0.2", "--chunk-size", "8"])])
 def test_cli_runs_on_a_world_directory(world_dir, tmp_path, command, scale):
     out = tmp_path / "run"
     result = CliRunner().invoke(cli.main, [command, *scale, "--inputs", "2", "--n", "20",
@@ -321,7 +324,8 @@ def test_a_world_directory_explains_by_its_pcbm_head_and_pixpnet_readout(world, 
     out = tmp_path / "explain"
     result = CliRunner().invoke(cli.main, ["explain", "--world", str(world_dir), "--models",
                                            "cbm,proto", "--inputs", "2", "--n0", "5", "--n",
-                                           "10", "--figure-inputs", "1", "--out", str(out)])
+                                           "10", "--figure-inputs", "1", "--chunk-size", "8",
+                                           "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "top-k overlap after an ε shift" in result.output
     records = [json.loads(line) for line in (out / "explanations.jsonl").read_text().splitlines()]
@@ -541,9 +545,11 @@ def test_noise_and_attacks_on_a_multi_class_world_move_z_only(ten_class_dirs):
     assert noise.size == 12 and one.noise(Gaussian(), "latent") == Gaussian()
     models = ("std", "cbm")
     counts = count_classes(multi.latent_apply(models), multi.params, inputs[idx], noise,
-                           jax.random.key(1), 32, scale=0.5, num_classes=2, indices=idx)
+                           jax.random.key(1), 32, scale=0.5, num_classes=2, indices=idx,
+                           chunk_size=8)
     single = count_classes(one.latent_apply(models), one.params, inputs[idx, :12], Gaussian(),
-                           jax.random.key(1), 32, scale=0.5, num_classes=2, indices=idx)
+                           jax.random.key(1), 32, scale=0.5, num_classes=2, indices=idx,
+                           chunk_size=8)
     np.testing.assert_array_equal(counts, single)
 
     from cbcert.runs import attacker
@@ -580,7 +586,8 @@ def test_multi_class_world_runs_the_latent_commands(ten_class_dirs, tmp_path):
     dirs, _ = ten_class_dirs
     result = CliRunner().invoke(cli.main, [
         "latent", "--sigma", "0.2", "--n", "20", "--n0", "5", "--inputs", "2", "--models",
-        "std,cbm", "--world", dirs["multi"], "--quiet", "--out", str(tmp_path / "latent")])
+        "std,cbm", "--world", dirs["multi"], "--chunk-size", "8", "--quiet", "--out",
+        str(tmp_path / "latent")])
     assert result.exit_code == 0, result.output
     world = load_world_dir(dirs["multi"])
     pool = agreement_pool(world, 0, 2)
@@ -668,8 +675,8 @@ def test_train_cbae_then_certify_concepts_on_the_biggan_world(world_dir, tmp_pat
     out = tmp_path / "run"
     result = CliRunner().invoke(cli.main, ["concept", "--rho", "0.2", "--inputs", "2", "--n",
                                            "20", "--n0", "5", "--batch", "2", "--models",
-                                           "std,cbm", "--world", trained, "--out", str(out),
-                                           "--quiet"])
+                                           "std,cbm", "--world", trained, "--chunk-size", "8",
+                                           "--out", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
     assert len((out / "records.jsonl").read_text().splitlines()) == 4
 
