@@ -6,8 +6,11 @@ Listens to JAX's monitoring events in this process and, at the end of the run, p
 per module: tests, wall seconds (setup + call + teardown), seconds in XLA's backend compiler,
 in tracing and lowering to MLIR, and how many programs were compiled (a persistent-cache hit
 compiles nothing and is not counted). ``COMPILE_PROFILE_JSONL=path`` also writes one JSON line
-per test. Compilations inside subprocesses (``certify`` runs, multi-process jobs) are not seen;
-run with ``-n 0`` (xdist workers are other processes). Not a test module: nothing is collected
+per test; ``COMPILE_PROFILE_PROGRAMS=path`` one JSON line per compiled program (the test, the
+jitted function's name, XLA's seconds and the last argument shapes), from JAX's compile log: the
+census of docs/DEVELOPMENT.md, which works under xdist too (each worker appends). The table
+needs ``-n 0`` (xdist workers are other processes). Compilations inside subprocesses
+(``certify`` runs, multi-process jobs) are not seen. Not a test module: nothing is collected
 from it.
 """
 
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
+import re
 import time
 
 import pytest
@@ -34,11 +39,50 @@ def _listen(event: str, duration: float, **_) -> None:
     _counts[event] += 1
 
 
+_current = {"test": None, "shapes": ""}
+
+
+class _ProgramLog(logging.Handler):
+    """Appends one JSON line per "Finished XLA compilation" record of JAX's compile log."""
+
+    def __init__(self, path: str):
+        super().__init__(logging.DEBUG)
+        self.path = path
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Compiling ") and len(record.args or ()) > 1:
+            avals = list(record.args[1])
+            _current["shapes"] = f"{len(avals)} args, last: " + ", ".join(
+                str(a) for a in avals[-5:])
+            return
+        done = re.search(r"Finished XLA compilation of (.*?) in ([0-9.e-]+) sec", message)
+        if done:
+            with open(self.path, "a") as sink:
+                sink.write(json.dumps({"test": _current["test"], "program": done.group(1),
+                                       "seconds": float(done.group(2)),
+                                       "arguments": _current["shapes"]}) + "\n")
+
+
 def pytest_configure(config):
     del config
+    import jax
     import jax.monitoring
 
     jax.monitoring.register_event_duration_secs_listener(_listen)
+    path = os.environ.get("COMPILE_PROFILE_PROGRAMS")
+    if path:
+        jax.config.update("jax_log_compiles", True)
+        for name in ("jax._src.interpreters.pxla", "jax._src.dispatch"):
+            logger = logging.getLogger(name)
+            logger.addHandler(_ProgramLog(path))
+            logger.setLevel(logging.DEBUG)
+            logger.propagate = False  # the census only: no compile warnings in the test output
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _current["test"] = item.nodeid
 
 
 @pytest.hookimpl(hookwrapper=True)
