@@ -80,14 +80,10 @@ def pytest_configure(config):
             logger.propagate = False  # the census only: no compile warnings in the test output
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-    _current["test"] = item.nodeid
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     del nextitem
+    _current["test"] = item.nodeid
     _seconds.clear()
     _counts.clear()
     start = time.perf_counter()

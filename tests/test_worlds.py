@@ -590,7 +590,7 @@ def test_multi_class_world_runs_the_latent_commands(ten_class_dirs, tmp_path):
         str(tmp_path / "latent")])
     assert result.exit_code == 0, result.output
     world = load_world_dir(dirs["multi"])
-    pool = agreement_pool(world, 0, 2)
+    pool = agreement_pool(world, 0, 2, chunk_size=8)  # the run's chunk: its compiled step
     asked = [TEN_CLASSES[int(k)] for k in pool.latents[:, 12]]
     records = _jsonl(tmp_path / "latent" / "records.jsonl")
     assert len(records) == 4 and {(r["index"], r["generator_class"]) for r in records} == set(
