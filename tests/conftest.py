@@ -36,6 +36,12 @@ if _OWNER not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="cbcert-test-xla-cache-")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+    # The options cbcert compiles its own programs with (`cbcert.engine.compiler`), for every
+    # program of the run: the tests' reference computations and eager operations compile about
+    # twice as fast (docs/DEVELOPMENT.md). cbcert's programs are compiled exactly as without it.
+    if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = " ".join(
+            [*os.environ.get("XLA_FLAGS", "").split(), "--xla_cpu_use_fusion_emitters=false"])
 _HOME = os.environ["CBCERT_HOME"]
 
 

@@ -24,7 +24,8 @@ def start_python(code: str, *, num_devices: int = 1, env: dict[str, str] | None 
         raise ValueError(f"num_devices={num_devices} must be >= 1")
     child_env = dict(os.environ)
     child_env.update(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}",
+        XLA_FLAGS=" ".join([*os.environ.get("XLA_FLAGS", "").split(),
+                            f"--xla_force_host_platform_device_count={num_devices}"]),
         JAX_PLATFORMS="cpu",
         PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])),
     )

@@ -95,3 +95,25 @@ def test_conv_layers_refuses_bad_options_naming_them():
     done = run_benchmark("conv_layers.py", "--batch", "0", timeout=120)
     assert done.returncode == 2
     assert "--batch=0" in done.stderr
+
+
+def test_compiler_options_compiles_both_ways_and_compares_outputs():
+    """`compiler_options.py` on the built-in world: both compile times, the per-call speed
+    ratio and the output comparison are printed; the two compilations' logits pick the same
+    class for all 16 samples x 4 classifiers (their difference is float rounding, 2e-4 of
+    logits of ~26 on the machines measured, far below the logit gaps)."""
+    done = run_benchmark("compiler_options.py", "--cases", "world", "--rounds", "1",
+                         "--seconds", "0.05", timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("world:")), None)
+    assert line is not None, done.stdout
+    assert re.search(r"compile \d+\.\d\d s -> \d+\.\d\d s \(x\d+\.\d\d faster\)", line), line
+    assert re.search(r"speed x\d+\.\d\d \(\d+\.\d\d-\d+\.\d\d over 1 rounds\)", line), line
+    assert re.search(r"max \|Δ logits\| \d\.\de[-+]\d\d of ", line), line
+    assert "argmax agreement 64/64" in line, line
+
+
+def test_compiler_options_refuses_bad_options_naming_them():
+    done = run_benchmark("compiler_options.py", "--rounds", "0", timeout=120)
+    assert done.returncode == 2
+    assert "--rounds=0" in done.stderr

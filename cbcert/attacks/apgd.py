@@ -33,6 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import Partial
 
+from cbcert.engine import compiler
+
 NORMS = ("linf", "l2")
 LOSSES = ("ce", "dlr")
 
@@ -452,9 +454,9 @@ def _finish(logits_fn, x0, y, best, *, norm, loss, attack_all):
     return x_out, info
 
 
-_clean_jit = jax.jit(_clean, static_argnames=("loss",))
-_restart_jit = jax.jit(_restart, static_argnames=("norm", "n_iter", "loss", "attack_all"))
-_finish_jit = jax.jit(_finish, static_argnames=("norm", "loss", "attack_all"))
+_clean_jit = compiler.jit(_clean, static_argnames=("loss",))
+_restart_jit = compiler.jit(_restart, static_argnames=("norm", "n_iter", "loss", "attack_all"))
+_finish_jit = compiler.jit(_finish, static_argnames=("norm", "loss", "attack_all"))
 
 
 def _attack(

@@ -21,7 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cbcert.engine import sharding
+from cbcert.engine import compiler, sharding
 
 # Per-device memory a chunk may use when the device does not report its capacity (CPU). Small
 # on purpose: on CPU, chunks whose activations outgrow the caches are slower (default world on
@@ -76,7 +76,7 @@ def batch_within_memory(fn: Callable, params, event_shape: tuple[int, ...], dtyp
         return minimum  # the clip decides whatever the memory: no probe to compile
     probe = _GRADIENT_PROBE_INPUTS
     x = jax.ShapeDtypeStruct((probe, *event_shape), np.dtype(dtype))
-    analysis = jax.jit(fn).lower(params, x).compile().memory_analysis()
+    analysis = compiler.jit(fn).lower(params, x).compile().memory_analysis()
     event_bytes = math.prod(event_shape) * np.dtype(dtype).itemsize
     if analysis is None:
         per_input = 4.0 * event_bytes

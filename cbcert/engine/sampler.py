@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cbcert.engine import memory, sharding
+from cbcert.engine import compiler, memory, sharding
 from cbcert.engine.keys import sample_key
 from cbcert.engine.noise import NoiseModel
 from cbcert.engine.validity import (
@@ -292,7 +292,7 @@ def _step(body: Callable, noise: NoiseModel, mesh: Mesh, key_impl: str | None, d
         return out
 
     spec = sharding.batch_spec(mesh)
-    return jax.jit(
+    return compiler.jit(
         jax.shard_map(local, mesh=mesh, in_specs=(P(), spec, spec, spec, P(), P()), out_specs=spec),
         out_shardings=NamedSharding(mesh, P()),
     )

@@ -22,6 +22,7 @@ from cbcert.attacks.smoothed import smoothed_logits_fn
 from cbcert.certify.cohen import Prediction
 from cbcert.certify.monte_carlo import predict_heads
 from cbcert.certify.smoothing import of_space
+from cbcert.engine import compiler
 from cbcert.engine.keys import Stream, stream_key
 from cbcert.engine.memory import batch_within_memory
 from cbcert.engine.sampler import map_inputs
@@ -99,7 +100,7 @@ class Attacker:
         }
         self.model_id = {m: world.model_names.index(m) for m in job.models}
         # Takes the logits function as a pytree argument: params are traced, not baked in.
-        self.evaluate = jax.jit(lambda logits_fn, x: logits_fn(x))
+        self.evaluate = compiler.jit(lambda logits_fn, x: logits_fn(x))
         self._chunks: dict[str, int] = {}
 
     def chunk(self, model: str, example: np.ndarray) -> int:

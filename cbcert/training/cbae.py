@@ -51,6 +51,7 @@ import optax
 from flax import nnx
 
 from cbcert.concepts import absent_present, set_concept
+from cbcert.engine import compiler
 from cbcert.generators.base import Generator
 from cbcert.generators.cbae import CBAE, CBAEConfig
 from cbcert.schema import ConfigError
@@ -203,7 +204,7 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
         i2 = pair_cross_entropy(absent_present(c_new, k), target).mean(axis=0).sum()
         return i1 + i2, (stats, {"interv_image": i1, "interv_latent": i2})
 
-    @jax.jit
+    @compiler.jit
     def step(arrays, key):
         params, stats, state_a, state_b = arrays
         key_z, key_concept, key_value = jax.random.split(key, 3)
@@ -284,7 +285,7 @@ def evaluate(generator: Generator, labeler: Labeler, cbae: CBAE, key: jax.Array,
     edited = np.repeat(np.arange(k), 2)  # intervention j = 2 i + v sets concept i to v
     values = np.tile([False, True], k)
 
-    @jax.jit
+    @compiler.jit
     def measure(cbae_state, z):
         model = nnx.merge(graphdef, cbae_state)
         w = generator.g1(gp, z)

@@ -33,6 +33,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from cbcert.engine import compiler
 from cbcert.generators.concept_world import ConceptWorld, make_world
 from cbcert.io.registry import save_module
 from cbcert.models.world_classifiers import NetConfig, WorldClassifiers
@@ -89,7 +90,7 @@ def _fit(loss_fn: Callable, params, steps: int, lr: float, key: jax.Array, log, 
     opt = optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.05))
     opt_state = opt.init(params)
 
-    @jax.jit
+    @compiler.jit
     def step(params, opt_state, key):
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, key)
         updates, opt_state = opt.update(grads, opt_state, params)
@@ -210,7 +211,7 @@ def train(world: ConceptWorld, config: TrainConfig, log: Callable[[str], None] =
 
     # 1-2. embeddings of a fixed training set under the frozen backbone; f_std's linear head.
     _, x_emb, c_emb, y_emb = _data(world, jax.random.fold_in(root, 2), config.embed_samples)
-    embed = jax.jit(lambda x: merge(graphdef, state, params).embed(x))
+    embed = compiler.jit(lambda x: merge(graphdef, state, params).embed(x))
     e = _batched(embed, x_emb)  # [N, E]
     e_mean, e_std = jnp.mean(e), jnp.std(e)
 
@@ -315,7 +316,7 @@ def _push(world, graphdef, state, params, config: TrainConfig, key):
     m = merge(graphdef, state, params)
     proto = params["proto"]
 
-    @jax.jit
+    @compiler.jit
     def features(x):
         mm = merge(graphdef, state, params)
         t = mm.backbone.trunk(x)
@@ -343,7 +344,7 @@ def evaluate(world: ConceptWorld, graphdef, state, params, key, n: int) -> dict:
 
     _, x, c, y = _data(world, key, n)
 
-    @jax.jit
+    @compiler.jit
     def run(x):
         m = merge(graphdef, state, params)
         return m.heads(x, HEADS), m.concept_scores(x)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cbcert.engine import compiler
 from cbcert.engine.noise import restrict
 from cbcert.generators.base import Generator
 from cbcert.schema import ConfigError
@@ -178,7 +179,7 @@ def clean_predictor(world: World, space: str, models: tuple[str, ...]) -> Callab
     """
     gen, classify = world.generator, world.classify
 
-    @jax.jit
+    @compiler.jit
     def predict(params, z):
         if space == "latent":
             x = gen.image(params["gen"], z)
