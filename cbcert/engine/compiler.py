@@ -2,11 +2,12 @@
 
 On CPU, cbcert compiles with XLA's classic elemental emitters instead of its newer MLIR
 "fusion emitters" (``xla_cpu_use_fusion_emitters=false``). Measured with jax 0.10.2 on the
-2-core CI machine (``benchmarks/compiler_options.py``): the same programs compile 2–3× faster
-(the built-in world's forward pass 1.5 → 0.5 s, its input gradient 3.4 → 1.6 s) and run as fast
-or slightly faster; float32 results differ from the fusion emitters' in the last bits only
-(different but equally valid instruction orders; XLA's documented semantics hold either way).
-Most of a short run, and of the test suite, is compilation.
+2-core CI machine (``benchmarks/compiler_options.py``): the built-in world's programs compile
+about twice as fast (its forward pass 1.33 → 0.71 s, its input gradient 3.34 → 1.49 s) and run
+as fast; a ported ResNet-50 compiles slower (1.37 → 1.95 s) and runs the same, bit for bit.
+float32 results differ from the fusion emitters' in the last bits only (a different, equally
+valid order of float operations). Most of a short run, and of the test suite, is compilation;
+a long run's time is execution, which does not change.
 
 The choice applies to the programs cbcert jits itself (the sampler's chunk step, APGD, the
 trainers, the memory probes); functions users jit themselves keep XLA's defaults. Opting out:
