@@ -133,7 +133,7 @@ def main() -> None:
         rates, _ = interleaved({label: work(c) for label, c in compiled.items()},
                                args.rounds, args.seconds)
         print(f"{name}: compile {seconds['XLA defaults']:.2f} s -> {seconds['cbcert']:.2f} s "
-              f"(x{seconds['XLA defaults'] / seconds['cbcert']:.2f} faster); run "
+              f"(speed-up x{seconds['XLA defaults'] / seconds['cbcert']:.2f}); run "
               f"{1e3 / median(rates['XLA defaults']):.2f} ms -> {1e3 / median(rates['cbcert']):.2f}"
               f" ms per call, speed {format_ratio(rates['cbcert'], rates['XLA defaults'])}; "
               f"max |Δ {what}| {float(np.abs(a - b).max()):.1e} of {scale:.1e}{agreement}")

@@ -107,7 +107,7 @@ def test_compiler_options_compiles_both_ways_and_compares_outputs():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("world:")), None)
     assert line is not None, done.stdout
-    assert re.search(r"compile \d+\.\d\d s -> \d+\.\d\d s \(x\d+\.\d\d faster\)", line), line
+    assert re.search(r"compile \d+\.\d\d s -> \d+\.\d\d s \(speed-up x\d+\.\d\d\)", line), line
     assert re.search(r"speed x\d+\.\d\d \(\d+\.\d\d-\d+\.\d\d over 1 rounds\)", line), line
     assert re.search(r"max \|Δ logits\| \d\.\de[-+]\d\d of ", line), line
     assert "argmax agreement 64/64" in line, line
