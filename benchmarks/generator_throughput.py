@@ -467,23 +467,25 @@ def jax_peak() -> float | None:
 
 
 def bf16_agreement(apply_fn, params, bf16_params, latents: np.ndarray, samples: int,
-                   chunk_size: int) -> None:
+                   classes: int, chunks: dict[str, int]) -> None:
     """Prints how often the engine's bf16 argmax equals its fp32 argmax on the same samples.
 
-    ``map_samples`` with one key: the same noisy latents (drawn in float32, then cast) go
-    through the fp32 and the bf16 pipeline; the exact (Clopper–Pearson) 95 % interval of the
-    agreement rate is printed. Certificates never see these numbers: counts are integers.
+    ``sample_labels`` with one key: the same noisy latents (drawn in float32, then cast) go
+    through the fp32 and the bf16 pipeline, each at the chunk it was timed at (``chunks``,
+    keyed "fp32"/"bf16"), so each runs the timed program instead of compiling another; the
+    exact (Clopper–Pearson) 95 % interval of the agreement rate is printed. Certificates never
+    see these numbers: counts are integers.
     """
     per_input = -(-samples // len(latents))
     key = keys.stream_key(jax.random.key(2), keys.STREAM_ESTIMATE)
 
-    def labels(p, dtype):
-        fn = lambda q, clean, noisy: jnp.argmax(apply_fn(q, noisy), axis=-1)  # noqa: E731
-        return sampler.map_samples(fn, p, latents, noise.Gaussian(), key, per_input, scale=et.SIGMA,
-                                   chunk_size=chunk_size, dtype=dtype)
+    def labels(p, dtype, chunk):
+        return sampler.sample_labels(apply_fn, p, latents, noise.Gaussian(), key, per_input,
+                                     scale=et.SIGMA, num_classes=classes, chunk_size=chunk,
+                                     dtype=dtype)
 
-    fp32 = labels(params, None)
-    same = fp32 == labels(bf16_params, jnp.bfloat16)
+    fp32 = labels(params, None, chunks["fp32"])
+    same = fp32 == labels(bf16_params, jnp.bfloat16, chunks["bf16"])
     total, agree = same.size, int(same.sum())
     _, counts = np.unique(fp32, return_counts=True)
     low = float(clopper_pearson_lower(agree, total, 0.025))
@@ -615,8 +617,9 @@ def run_pipeline(name: str, torch_images: nn.Module, gen, description: str, scal
         where = "JAX device peak" if ON_GPU else "process peak RSS (both frameworks)"
         print(f"  {where}: {peak / 2**30:.2f} GiB")
     if bf16_params is not None and ARGS.agreement:
-        bf16_agreement(apply_fn, params, bf16_params, latents, ARGS.agreement,
-                       chunks["engine bf16"][0])
+        timed = {"bf16": chunks["engine bf16"][0],
+                 "fp32": chunks["engine fp32"][0] if "engine fp32" in chunks else None}
+        bf16_agreement(apply_fn, params, bf16_params, latents, ARGS.agreement, classes, timed)
     best_engine = max(engines, key=lambda n: timing.median(rates[n]))
     best_torch = max((n for n in rates if n.startswith("torch")),
                      key=lambda n: timing.median(rates[n]))

@@ -9,7 +9,7 @@ import processes
 import pytest
 import scipy.stats
 
-from cbcert.engine import continuous, keys, memory, noise, sampler, validity
+from cbcert.engine import continuous, keys, memory, noise, sampler, sharding, validity
 
 D, H, C = 8, 2, 4
 WEIGHTS = np.asarray(jax.random.normal(jax.random.key(1), (D, H, C)))
@@ -182,15 +182,38 @@ def _elementwise(params, x):  # ~5 FLOPs per byte: memory-bound
     return h.reshape(x.shape[0], 1, -1)[:, :, :4]
 
 
-def test_compute_bound_steps_get_larger_chunks_only_with_the_default_cpu_budget():
+def test_compute_bound_steps_get_larger_chunks_only_with_the_default_cpu_budget(monkeypatch):
     """Both steps cost ~0.3 MiB per pair, so the 8 MiB rule gives 16 pairs; the deep one
-    (~400 FLOP/B from XLA's cost analysis) gets 32 with the default CPU budget, and the
-    memory rule again when the caller names a budget."""
+    (~400 FLOP/B from XLA's cost analysis) gets 32 with the default CPU budget when the run is
+    long enough to repay a second compilation (here: the threshold lowered to this run's
+    ~9 GFLOP), and the memory rule again when the caller names a budget."""
     if jax.default_backend() != "cpu":
         pytest.skip("the compute-bound floor applies to the CPU default budget only")
+    monkeypatch.setattr(memory, "COMPUTE_BOUND_MIN_RUN_FLOPS", 1e9)
     assert _first_chunk(_deep) == 32
     assert _first_chunk(_deep, max_memory=8 * 2**20) == 16
     assert _first_chunk(_elementwise) == 16
+
+
+def test_a_compute_bound_run_too_short_to_repay_a_compilation_keeps_the_probe(monkeypatch):
+    """64 pairs of ~134 MFLOP (~9 GFLOP) are far below 10^12 FLOPs: the run keeps the probe's
+    16 pairs and executes the probe's program (one compilation of the step)."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the compute-bound floor applies to the CPU default budget only")
+    compiled = []
+    probe = memory.probe_step
+
+    def counting(*args, **kwargs):
+        cost, program = probe(*args, **kwargs)
+        compiled.append(cost.flops)
+        return cost, program
+
+    monkeypatch.setattr(memory, "probe_step", counting)
+    assert _first_chunk(_deep) == 16
+    assert not memory.repays_second_compilation(compiled[0], 64, 1)
+    assert memory.repays_second_compilation(compiled[0], 10**4, 1)
+    assert not memory.repays_second_compilation(compiled[0], 10**4, 2)
+    assert not memory.repays_second_compilation(0.0, 10**9, 1)  # no cost analysis: never
 
 
 def test_concept_noise_counts_are_deterministic():
@@ -224,6 +247,34 @@ def test_map_samples_sees_the_noise_of_count_classes():
     part = sampler.map_samples(fn, WEIGHTS, INPUTS[[2]], noise.SphereShift(), KEY, 30, scale=0.25,
                                indices=[2], chunk_size=64)
     np.testing.assert_array_equal(part["label"][0], out["label"][2])
+
+
+def test_sample_labels_are_the_votes_count_classes_counts_on_its_compiled_step():
+    def heads(params, x):  # its own function: a fresh jitted step for this test
+        return linear_heads(params, x)
+
+    counts = sampler.count_classes(heads, WEIGHTS, INPUTS, noise.Gaussian(), KEY, 30, scale=0.7,
+                                   num_classes=C, chunk_size=16)
+    step = sampler._step(sampler._argmax_body(heads, C), noise.Gaussian(),
+                         sharding.default_mesh(), "threefry2x32", None)
+    assert step._cache_size() == 1
+    labels = sampler.sample_labels(heads, WEIGHTS, INPUTS, noise.Gaussian(), KEY, 30, scale=0.7,
+                                   num_classes=C, chunk_size=16)
+    assert step._cache_size() == 1  # the same program, not a second compilation
+    assert labels.shape == (5, 30, H) and labels.dtype == np.int32
+    rebuilt = (labels[..., None] == np.arange(C)).sum(axis=1)  # [N, H, C]
+    np.testing.assert_array_equal(rebuilt, counts)
+    # A non-finite logit is NO_VOTE here (count_classes raises on it); bad inputs are refused.
+    nan_head = lambda p, x: linear_heads(p, x).at[:, 1].set(jnp.nan)  # noqa: E731
+    votes = sampler.sample_labels(nan_head, WEIGHTS, INPUTS, noise.Gaussian(), KEY, 4, scale=0.7,
+                                  num_classes=C)
+    assert (votes[:, :, 1] == validity.NO_VOTE).all() and (votes[:, :, 0] >= 0).all()
+    with pytest.raises(validity.NonFiniteError):
+        sampler.sample_labels(heads, WEIGHTS, np.full_like(INPUTS, np.nan), noise.Gaussian(),
+                              KEY, 4, scale=0.7, num_classes=C)
+    with pytest.raises(ValueError, match="num_classes=0"):
+        sampler.sample_labels(heads, WEIGHTS, INPUTS, noise.Gaussian(), KEY, 4, scale=0.7,
+                              num_classes=0)
 
 
 def test_bfloat16_hook_casts_the_model_input():

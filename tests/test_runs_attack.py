@@ -309,6 +309,35 @@ def test_records_do_not_depend_on_batch(tmp_path, smoothed):
     assert any(fooled) and not all(fooled)
 
 
+def test_a_call_pads_to_its_own_inputs_and_probes_memory_only_when_that_can_matter(
+        monkeypatch):
+    # --batch 16: a call of 2 inputs runs on MIN_ATTACK_CHUNK = 4 rows without compiling the
+    # memory probe; a call of 5 inputs asks the probe (mocked: 16 fit) and runs on 8 rows;
+    # 16 inputs on the probe's 16; a tighter probe (2 fit) caps every call at MIN_ATTACK_CHUNK.
+    from cbcert.runs import attacker as attacker_module
+
+    probes = []
+
+    def probe(*args, maximum, minimum, **kwargs):
+        probes.append((minimum, maximum))
+        return fits
+
+    monkeypatch.setattr(attacker_module, "batch_within_memory", probe)
+    job = AttackJob(eps=(0.3,), iters=2, models=("std",), num_inputs=16, batch=16)
+    fits = 16
+    attacker = attacker_module.Attacker(WORLD, job)
+    x = np.zeros((16, LATENT_DIM), np.float32)
+    assert attacker.chunk("std", x[:2]) == 4 and probes == []
+    assert attacker.chunk("std", x[:5]) == 8 and probes == [(4, 16)]
+    assert attacker.chunk("std", x) == 16 and len(probes) == 1  # probed once per model
+    fits = 4
+    attacker = attacker_module.Attacker(WORLD, job)
+    assert attacker.chunk("std", x) == 4 and attacker.chunk("std", x[:3]) == 4
+    # --chunk-size decides alone.
+    attacker = attacker_module.Attacker(WORLD, job, chunk_size=2)
+    assert attacker.chunk("std", x) == 2
+
+
 def test_smoothed_attack_attacks_inputs_whose_eot_estimate_is_wrong(tmp_path):
     # With eot = 1 the attacker's estimate argmax p_hat misclassifies some clean inputs
     # that PREDICT (n = 200) classifies correctly (asserted); they must be attacked too.

@@ -6,7 +6,8 @@ budget (``max_memory``; a quarter of the device memory on GPU/TPU, 8 MiB on CPU,
 chunks stay in cache). On CPU with the default budget, a compute-bound step (at least
 ``COMPUTE_BOUND_FLOPS_PER_BYTE`` FLOPs per byte of per-pair memory, from XLA's cost analysis of
 the same probe) gets at least ``COMPUTE_BOUND_CHUNK_PER_DEVICE`` pairs: its deep layers' small
-feature maps give matmuls of few rows at small chunks. `batch_within_memory` does the same
+feature maps give matmuls of few rows at small chunks; a run too short to repay compiling that
+larger chunk (`repays_second_compilation`) keeps the probe's. `batch_within_memory` does the same
 for work the sampler does not run itself (APGD's gradient steps).
 """
 
@@ -50,6 +51,11 @@ _GRADIENT_PROBE_INPUTS = 8
 COMPUTE_BOUND_FLOPS_PER_BYTE = 200.0
 COMPUTE_BOUND_CHUNK_PER_DEVICE = 32
 COMPUTE_BOUND_MAX_MEMORY = 256 * 2**20
+# The compute-bound chunk is a second program to compile after the probe's (measured on 2 cores:
+# ResNet-18 steps ~3 s, BigGAN/StyleGAN2 -> ResNet-50 ~5-10 s) for a 1.08-1.51x faster run. A run
+# of fewer FLOPs per device than this (~15-20 s of such a CPU at chunk 16, where a 1.3x gain
+# saves about one compilation) keeps the probe's chunk and runs the probe's compiled program.
+COMPUTE_BOUND_MIN_RUN_FLOPS = 1e12
 
 
 def batch_within_memory(fn: Callable, params, event_shape: tuple[int, ...], dtype, *,
@@ -191,6 +197,16 @@ def _probe_cached(step, mesh, signature, event_shape, input_dtype, pairs):
     per_pair_args = max(analysis.argument_size_in_bytes - params_bytes, 0.0)
     used = analysis.temp_size_in_bytes + analysis.output_size_in_bytes + per_pair_args
     return PairCost(max(used / pairs, float(event_bytes)), flops), compiled
+
+
+def repays_second_compilation(flops_per_pair: float, num_pairs: int, shards: int) -> bool:
+    """Whether a compute-bound run is long enough to compile a larger chunk than its probe's.
+
+    ``flops_per_pair · ⌈num_pairs / shards⌉ >= COMPUTE_BOUND_MIN_RUN_FLOPS`` (per device; 0
+    FLOPs where the backend has no cost analysis, so never). Deterministic: the chunk, and so
+    the order of floating-point work, never depends on a timing.
+    """
+    return flops_per_pair * -(-num_pairs // shards) >= COMPUTE_BOUND_MIN_RUN_FLOPS
 
 
 def auto_chunk_size(per_pair: float, max_memory: int, num_pairs: int, shards: int, *,

@@ -77,7 +77,8 @@ def count_classes(
         the device count; default from ``max_memory``.
       max_memory: bytes per device a chunk may use when ``chunk_size`` is None (default: a
         quarter of the device memory, or 8 MiB where the device does not report it, with at
-        least 32 pairs per device for compute-bound steps; see ``cbcert.engine.memory``).
+        least 32 pairs per device for compute-bound steps of runs long enough to repay a second
+        compilation; see ``cbcert.engine.memory``).
       mesh: device mesh to split chunks over (default: all devices, one ``"data"`` axis).
       progress: ``callback(done, total)`` called after every chunk, or None (the engine draws
         no progress bars; front ends such as the CLI do).
@@ -118,6 +119,44 @@ def count_classes(
     return counts
 
 
+def sample_labels(
+    apply_fn: Callable,
+    params,
+    inputs,
+    noise: NoiseModel,
+    key: jax.Array,
+    num_samples: int,
+    *,
+    scale,
+    num_classes: int,
+    indices=None,
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
+    mesh: Mesh | None = None,
+    progress: ProgressCallback | None = None,
+    dtype=None,
+) -> np.ndarray:
+    """The votes behind `count_classes`, one per sample: ``labels[n, j, h] = argmax_c
+    apply_fn(params, x̃_nj)[h, c]`` (`NO_VOTE` where a logit of head h is NaN or inf).
+
+    Runs `count_classes`' own chunk step (same body, noise, key and dtype), so for the same
+    arguments it reuses that compilation, and ``labels`` rebuilds its counts exactly:
+    ``counts[n, h, y] = #{j : labels[n, j, h] = y}``. For per-sample comparisons of two models
+    or dtypes on the same noisy samples (e.g. bf16 vs fp32 agreement).
+
+    Args: as `count_classes`.
+
+    Returns:
+      ``[N, num_samples, H]`` int32 labels.
+    """
+    if not (isinstance(num_classes, int | np.integer) and num_classes >= 1):
+        raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
+    run = _Run.create(_argmax_body(apply_fn, int(num_classes)), params, inputs, noise, scale,
+                      key, num_samples, indices, chunk_size, max_memory, mesh, dtype)
+    check_finite_inputs(run.inputs, run.indices)
+    return _collect(run, progress)
+
+
 def map_samples(
     fn: Callable,
     params,
@@ -150,6 +189,11 @@ def map_samples(
     """
     run = _Run.create(fn, params, inputs, noise, scale, key, num_samples, indices, chunk_size,
                       max_memory, mesh, dtype)
+    return _collect(run, progress)
+
+
+def _collect(run: "_Run", progress: ProgressCallback | None):
+    """Executes ``run`` and returns its per-pair outputs as numpy ``[N, num_samples, ...]``."""
     flat_out = None
 
     def consume(out, start: int, valid: int) -> None:
@@ -340,9 +384,13 @@ class _Run:
                                                key_data, scale, probe)
             compute_bound = (memory.default_cpu_budget(max_memory, mesh)
                              and cost.intensity >= memory.COMPUTE_BOUND_FLOPS_PER_BYTE)
-            chunk_size = memory.auto_chunk_size(cost.bytes,
-                                                memory.check_max_memory(max_memory, mesh),
-                                                num_pairs, shards, compute_bound=compute_bound)
+            if compute_bound and not memory.repays_second_compilation(cost.flops, num_pairs,
+                                                                      shards):
+                chunk_size = probe * shards  # a short run: the program compiled already
+            else:
+                chunk_size = memory.auto_chunk_size(
+                    cost.bytes, memory.check_max_memory(max_memory, mesh), num_pairs, shards,
+                    compute_bound=compute_bound)
             if chunk_size == probe * shards:  # the probe compiled this very program
                 step = compiled
         elif not (isinstance(chunk_size, int | np.integer) and chunk_size >= 1):

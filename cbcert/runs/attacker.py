@@ -108,12 +108,19 @@ class Attacker:
 
         One attacked input costs a forward and backward pass of the generator and classifier
         (``eot`` of them when smoothed); the batch is the largest power of two of those within
-        the memory budget, between ``MIN_ATTACK_CHUNK`` and ``--batch``. Sub-batches do not
-        change results: every input has its own random starts and EOT noise.
+        the memory budget, between ``MIN_ATTACK_CHUNK`` and ``--batch``, and no larger than
+        the call's ``len(example)`` inputs rounded up to a power of two (at least
+        ``MIN_ATTACK_CHUNK``): a call of few inputs pads to few rows, and one that needs no more
+        than ``MIN_ATTACK_CHUNK`` rows compiles no memory probe. Sub-batches do not change
+        results: every input has its own random starts and EOT noise.
         """
         job = self.job
         if self.memory["chunk_size"] is not None:
             return max(min(self.memory["chunk_size"], job.batch), 1)
+        minimum = min(MIN_ATTACK_CHUNK, job.batch)
+        needed = min(max(1 << max(len(example) - 1, 0).bit_length(), minimum), job.batch)
+        if needed <= minimum:
+            return minimum
         if model not in self._chunks:
             head = self.logits[model].func
 
@@ -125,8 +132,8 @@ class Attacker:
             self._chunks[model] = batch_within_memory(
                 gradient, self.params, example.shape[1:], example.dtype,
                 max_memory=self.memory["max_memory"], factor=job.eot if job.smoothed else 1,
-                minimum=min(MIN_ATTACK_CHUNK, job.batch), maximum=job.batch)
-        return self._chunks[model]
+                minimum=minimum, maximum=job.batch)
+        return min(self._chunks[model], needed)
 
     def clean_predictions(self, x: np.ndarray, idx: np.ndarray) -> dict[str, dict]:
         """Per model: clean prediction ``[v]`` (PREDICT when smoothed, argmax otherwise)."""
