@@ -214,6 +214,10 @@ def test_attack_all_attacks_inputs_misclassified_at_x0():
     # x_0 and ignores x_1); 20 L2 steps reach it to ~1e-4 (1 - cos ~ 1e-5 in direction).
     np.testing.assert_allclose(x_adv[:, 0], x0[:, 0] + 0.5, atol=1e-4)
     np.testing.assert_array_equal(info.fooled, [True, True, True, False])
+    # The prediction at the returned point, from the logits "fooled" and "loss" come from.
+    np.testing.assert_array_equal(info.prediction, [1, 1, 1, 0])
+    np.testing.assert_array_equal(info.prediction, np.argmax(f(x_adv), axis=-1))
+    assert info.prediction.dtype == jnp.int32
     # Restart 1 re-attacks only the input whose best point is still classified correctly.
     np.testing.assert_array_equal(info.restarts, [1, 1, 1, 2])
 

@@ -60,12 +60,15 @@ class APGDInfo(NamedTuple):
     restarts: number of restarts that attacked the input (int32): restart ``r`` attacks
         exactly the inputs that restarts ``0..r-1`` did not fool; 0 for inputs
         misclassified at ``x0`` (unless ``attack_all``).
+    prediction: ``argmax logits_fn(x_adv)`` (int32), from the same logits as ``loss`` and
+        ``fooled`` (so ``fooled == (prediction != y)``).
     """
 
     loss: jax.Array
     fooled: jax.Array
     perturbation_norm: jax.Array
     restarts: jax.Array
+    prediction: jax.Array
 
 
 def checkpoint_schedule(n_iter: int) -> tuple[int, ...]:
@@ -445,11 +448,13 @@ def _finish(logits_fn, x0, y, best, *, norm, loss, attack_all):
     expand = lambda m: _per_example(m, x0.ndim)
     x_out = best.x_best if attack_all else jnp.where(expand(best.robust), best.x_best, best.x_adv)
     final_logits = logits_fn(x_out)
+    prediction = jnp.argmax(final_logits, axis=-1).astype(jnp.int32)
     info = APGDInfo(
         loss=_LOSS_FNS[loss](final_logits, y),
-        fooled=jnp.argmax(final_logits, axis=-1) != y,
+        fooled=prediction != y,
         perturbation_norm=_norm(x_out - x0, norm),
         restarts=best.restarts,
+        prediction=prediction,
     )
     return x_out, info
 

@@ -22,7 +22,6 @@ from cbcert.attacks.smoothed import smoothed_logits_fn
 from cbcert.certify.cohen import Prediction
 from cbcert.certify.monte_carlo import predict_heads
 from cbcert.certify.smoothing import of_space
-from cbcert.engine import compiler
 from cbcert.engine.keys import Stream, stream_key
 from cbcert.engine.memory import batch_within_memory
 from cbcert.engine.sampler import map_inputs
@@ -99,8 +98,6 @@ class Attacker:
             m: Partial(_Head(self.apply_all, h), self.params) for h, m in enumerate(job.models)
         }
         self.model_id = {m: world.model_names.index(m) for m in job.models}
-        # Takes the logits function as a pytree argument: params are traced, not baked in.
-        self.evaluate = compiler.jit(lambda logits_fn, x: logits_fn(x))
         self._chunks: dict[str, int] = {}
 
     def chunk(self, model: str, example: np.ndarray) -> int:
@@ -209,9 +206,8 @@ class Attacker:
         if job.smoothed:
             fields.update(_prediction_fields(self._predict(self.apply_one[model], x_adv, idx, 1),
                                              0))
-        else:
-            logits = np.asarray(self.evaluate(self.logits[model], jnp.asarray(_pad(x_adv, size))))
-            fields["prediction"] = np.argmax(logits[:valid], axis=-1)
+        else:  # APGD's own final pass: the logits its loss and "fooled" come from
+            fields["prediction"] = np.asarray(info.prediction)[:valid]
         return fields
 
 

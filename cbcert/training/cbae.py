@@ -171,7 +171,6 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
     train_graphdef, param_template, stat_template = nnx.split(model, nnx.Param, nnx.BatchStat)
     model.set_attributes(use_running_average=True)
     k = model.config.num_concepts
-    gen_params = generator.params
     opt_a, opt_b = _optimisers(config)
 
     def run(params, stats, fn):
@@ -181,7 +180,7 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
         out = fn(module)
         return out, nnx.to_pure_dict(nnx.state(module, nnx.BatchStat))
 
-    def loss_a(params, stats, w, x, labels, keep):
+    def loss_a(params, stats, gen_params, w, x, labels, keep):
         (c, w_rec), stats = run(params, stats, lambda m: _autoencode(m, w))
         latent = jnp.mean((w_rec - w) ** 2)
         image = jnp.mean((generator.g2(gen_params, w_rec) - x) ** 2)
@@ -189,7 +188,7 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
         total = latent + image + concept
         return total, (stats, {"latent": latent, "image": image, "concept": concept})
 
-    def loss_b(params, stats, w, labels, concept, value):
+    def loss_b(params, stats, gen_params, w, labels, concept, value):
         c, stats = run(params, stats, lambda m: m.encode(w))
         c = set_concept(jax.lax.stop_gradient(c), concept, value)
         target = jnp.where((jnp.arange(k) == concept)[None, :], value.astype(jnp.int32), labels)
@@ -204,8 +203,11 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
         i2 = pair_cross_entropy(absent_present(c_new, k), target).mean(axis=0).sum()
         return i1 + i2, (stats, {"interv_image": i1, "interv_latent": i2})
 
+    # The generator's weights are an argument, not constants baked into the program: XLA would
+    # fold computations over them at compile time, and every generator would need its own
+    # compilation of an otherwise identical step.
     @compiler.jit
-    def step(arrays, key):
+    def jitted(arrays, gen_params, key):
         params, stats, state_a, state_b = arrays
         key_z, key_concept, key_value = jax.random.split(key, 3)
         w = generator.g1(gen_params, generator.sample_inputs(key_z, config.batch_size))
@@ -213,17 +215,20 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
         labels, confidence = pseudo_labels(labeler(x))
         keep = confidence >= config.threshold
         (_, (stats, logs_a)), grads = jax.value_and_grad(loss_a, has_aux=True)(
-            params, stats, w, x, labels, keep)
+            params, stats, gen_params, w, x, labels, keep)
         updates, state_a = opt_a.update(grads, state_a, params)
         params = optax.apply_updates(params, updates)
         concept = jax.random.randint(key_concept, (), 0, k)
         value = jax.random.bernoulli(key_value)
         (_, (stats, logs_b)), grads = jax.value_and_grad(loss_b, has_aux=True)(
-            params, stats, w, labels, concept, value)
+            params, stats, gen_params, w, labels, concept, value)
         updates, state_b = opt_b.update(grads, state_b, params)
         params = optax.apply_updates(params, updates)
         logs = {**logs_a, **logs_b, "confident": keep.mean()}
         return (params, stats, state_a, state_b), logs
+
+    def step(arrays, key):
+        return jitted(arrays, generator.params, key)
 
     return step
 
@@ -278,15 +283,15 @@ def evaluate(generator: Generator, labeler: Labeler, cbae: CBAE, key: jax.Array,
       rendered intervention ``M(g2(D(swap_i,v(E(w)))))`` reads concept i as v (and per concept).
     """
     k = cbae.config.num_concepts
-    gp = generator.params
-    # The CB-AE's arrays are arguments, not constants baked into the program: evaluations of
-    # different weights (before and after training, every run) share one compiled program.
+    # The CB-AE's and the generator's arrays are arguments, not constants baked into the
+    # program: evaluations of different weights (before and after training, every run) share
+    # one compiled program.
     graphdef, cbae_state = nnx.split(cbae)
     edited = np.repeat(np.arange(k), 2)  # intervention j = 2 i + v sets concept i to v
     values = np.tile([False, True], k)
 
     @compiler.jit
-    def measure(cbae_state, z):
+    def measure(cbae_state, gp, z):
         model = nnx.merge(graphdef, cbae_state)
         w = generator.g1(gp, z)
         x = generator.g2(gp, w)
@@ -306,7 +311,7 @@ def evaluate(generator: Generator, labeler: Labeler, cbae: CBAE, key: jax.Array,
     for start in range(0, n, batch):
         size = min(batch, n - start)
         z = generator.sample_inputs(jax.random.fold_in(key, start), size)
-        parts.append(jax.device_get(measure(cbae_state, z)))
+        parts.append(jax.device_get(measure(cbae_state, generator.params, z)))
     correct, confident, sq_err, w, img_err, success = (np.concatenate(p) for p in zip(*parts,
                                                                                      strict=True))
     names = cbae.config.concept_names
