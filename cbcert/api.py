@@ -50,7 +50,8 @@ from cbcert.certify.sequential import SequentialCertificate, SequentialPredictio
 from cbcert.certify.smoothing import Smoothing, smoothing
 from cbcert.engine.keys import Stream, stream_key
 from cbcert.engine.noise import restrict
-from cbcert.engine.sampler import check_dtype, count_classes
+from cbcert.engine.sampler import count_classes
+from cbcert.engine.validity import check_dtype
 from cbcert.schema import ConfigError
 
 Params = Any

@@ -9,7 +9,7 @@ import processes
 import pytest
 import scipy.stats
 
-from cbcert.engine import continuous, keys, memory, noise, sampler, sharding, validity
+from cbcert.engine import chunks, continuous, keys, memory, noise, sampler, sharding, validity
 
 D, H, C = 8, 2, 4
 WEIGHTS = np.asarray(jax.random.normal(jax.random.key(1), (D, H, C)))
@@ -255,8 +255,8 @@ def test_sample_labels_are_the_votes_count_classes_counts_on_its_compiled_step()
 
     counts = sampler.count_classes(heads, WEIGHTS, INPUTS, noise.Gaussian(), KEY, 30, scale=0.7,
                                    num_classes=C, chunk_size=16)
-    step = sampler._step(sampler._argmax_body(heads, C), noise.Gaussian(),
-                         sharding.default_mesh(), "threefry2x32", None)
+    step = chunks.jitted_step(chunks.argmax_body(heads, C), noise.Gaussian(),
+                              sharding.default_mesh(), "threefry2x32", None)
     assert step._cache_size() == 1
     labels = sampler.sample_labels(heads, WEIGHTS, INPUTS, noise.Gaussian(), KEY, 30, scale=0.7,
                                    num_classes=C, chunk_size=16)

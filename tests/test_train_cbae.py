@@ -31,8 +31,10 @@ FIELDS = dict(output_dim=16, z_dim=16, channel_width=4, num_classes=5,
 NAMES = ("left", "bright", "red")
 
 
-def tiny_biggan(seed: int = 0) -> bg.BigGAN:
-    return bg.BigGAN(bg.BigGANConfig(**FIELDS), rngs=nnx.Rngs(seed))
+def tiny_biggan(seed: int = 2) -> bg.BigGAN:
+    # Random test weights drawn with the "rbg" PRNG (XLA's RngBitGenerator): its 22
+    # initialisers compile ~4x faster than threefry's (10 s vs 41 s on a loaded 2-core VM).
+    return bg.BigGAN(bg.BigGANConfig(**FIELDS), rngs=nnx.Rngs(jax.random.key(seed, impl="rbg")))
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,8 @@ def make_labeler(generator):
         return jnp.einsum("bhwc,khwc->bk", x, patterns) / patterns[0].size
 
     z = jax.random.normal(jax.random.key(8), (2048, generator.latent_dim))
-    values = raw(generator.g2(generator.params, generator.g1(generator.params, z)))
+    # One program, not one per operation and shape (3 s vs 10 s).
+    values = jax.jit(lambda p, z: raw(generator.g2(p, generator.g1(p, z))))(generator.params, z)
     median, spread = jnp.median(values, 0), jnp.std(values, 0)
 
     def labeler(x):
@@ -108,8 +111,8 @@ def test_training_learns_concepts_reconstruction_and_interventions(generator, la
     """300 steps at batch 32 (upstream's recipe, lr raised to 3e-3 for a short run).
 
     Fixed seeds, so the outcome is deterministic (no failure probability). Measured at this
-    commit (before → after): concept accuracy 0.49 → 0.79, latent relative error 1.0 → 0.7,
-    interventions read back by the classifier 0.50 → 0.76. The bounds sit well clear of the
+    commit (before → after): concept accuracy 0.48 → 0.81, latent relative error 1.13 → 0.66,
+    interventions read back by the classifier 0.50 → 0.78, image error 0.056 → 0.032. The bounds sit well clear of the
     untrained model and of chance (0.5); they fail if any loss term stops training its part.
     """
     config = tc.CBAETrainConfig(steps=300, batch_size=32, recon_lr=3e-3, interv_lr=3e-3,

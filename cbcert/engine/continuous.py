@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from cbcert.engine import sampler, sharding
+from cbcert.engine import chunks, sampler, sharding
 from cbcert.engine.noise import NoiseModel
 
 # ``decide(rows[m], k, counts[m, H, C]) -> stop[m]``: inputs ``rows`` (positions in ``inputs``)
@@ -104,8 +104,8 @@ def count_classes_sequential(
     checkpoints = _check_checkpoints(checkpoints)
     if not (isinstance(num_classes, int | np.integer) and num_classes >= 1):
         raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
-    body = sampler._argmax_body(apply_fn, int(num_classes))
-    run = sampler._Run.create(body, params, inputs, noise, scale, key, checkpoints[-1], indices,
+    body = chunks.argmax_body(apply_fn, int(num_classes))
+    run = chunks.Run.create(body, params, inputs, noise, scale, key, checkpoints[-1], indices,
                               chunk_size, max_memory, mesh, dtype)
     sampler.check_finite_inputs(run.inputs, run.indices)
     return _Scheduler(run, checkpoints, int(num_classes), decide, finished).execute()
