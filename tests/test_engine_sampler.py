@@ -130,9 +130,29 @@ def test_a_run_whose_chunk_is_the_probe_size_compiles_once():
 
 def test_probe_pairs_rounds_the_run_up_to_a_power_of_two_at_most_the_cap():
     assert [memory.probe_pairs(n, 1) for n in (1, 2, 3, 9, 16, 17, 10**6)] == [
-        1, 2, 4, 16, 16, 16, 16]
+        8, 8, 8, 16, 16, 16, 16]
     assert memory.probe_pairs(20, 4) == 8 and memory.probe_pairs(10**6, 8) == 16
     assert memory.PROBE_PAIRS_PER_DEVICE == 16
+
+
+def test_a_requested_chunk_is_capped_at_the_run_and_small_runs_pad_up_to_it():
+    # --chunk-size 8: runs of 2 and 5 pairs run one chunk of 8 (the same program as the run's
+    # larger stages); 10**9 is capped at the run rounded up to a power of two.
+    assert [memory.capped_chunk_size(8, n, 1) for n in (2, 5, 8, 40)] == [8, 8, 8, 8]
+    assert memory.capped_chunk_size(7, 3, 1) == 7  # as requested when it is small
+    assert memory.capped_chunk_size(10**9, 10, 1) == 16
+    assert memory.capped_chunk_size(10**9, 3, 2) == 16  # 8 pairs on each of 2 devices
+    assert memory.capped_chunk_size(10**9, 10**6, 1) == 2**20
+    traces = []
+
+    def counted(params, x):
+        traces.append(x.shape[0])
+        return linear_heads(params, x)
+
+    small = _counts(fn=counted, inputs=INPUTS[:1], num_samples=2, chunk_size=8)
+    _counts(fn=counted, inputs=INPUTS, num_samples=8, chunk_size=8)
+    assert traces == [8]  # 2 pairs padded to the 8 of the larger run: one program
+    np.testing.assert_array_equal(small, _counts(inputs=INPUTS[:1], num_samples=2, chunk_size=1))
 
 
 def test_auto_chunk_size_rounds():
@@ -141,7 +161,9 @@ def test_auto_chunk_size_rounds():
     assert memory.auto_chunk_size(1.0, 2**30, 300, 1) == 512
     assert memory.auto_chunk_size(1.0, 2**30, 10**9, 4) == memory.MAX_CHUNK_PER_DEVICE * 4
     assert memory.auto_chunk_size(1e9, 10, 1000, 8) == memory.MIN_CHUNK_PER_DEVICE * 8
-    assert memory.auto_chunk_size(1e9, 10, 3, 1) == 4
+    # A run smaller than MIN_CHUNK_PER_DEVICE pairs pads up to it (one program for all such).
+    assert memory.auto_chunk_size(1e9, 10, 3, 1) == memory.MIN_CHUNK_PER_DEVICE == 8
+    assert memory.auto_chunk_size(1.0, 2**30, 3, 2) == 16
 
 
 def test_compute_bound_floor_of_the_automatic_chunk():

@@ -138,8 +138,7 @@ class Run:
         elif not (isinstance(chunk_size, int | np.integer) and chunk_size >= 1):
             raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1")
         else:
-            # A chunk larger than the run would only allocate padding.
-            chunk_size = min(int(chunk_size), num_pairs)
+            chunk_size = memory.capped_chunk_size(chunk_size, num_pairs, shards)
         return cls(
             step=step, mesh=mesh, params=params, inputs=inputs, indices=indices,
             num_inputs=num_inputs, num_samples=int(num_samples), num_pairs=num_pairs,

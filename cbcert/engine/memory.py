@@ -134,17 +134,33 @@ class PairCost(NamedTuple):
         return self.flops / self.bytes if self.bytes > 0 else 0.0
 
 
-def _pairs_needed(num_pairs: int, shards: int) -> int:
-    """Pairs per device that hold the whole run, rounded up to a power of two."""
-    return 1 << max(0, math.ceil(math.log2(-(-num_pairs // shards))))
+def run_chunk_pairs(num_pairs: int, shards: int) -> int:
+    """Pairs per device of a chunk that holds the whole run: its size rounded up to a power of
+    two, at least ``MIN_CHUNK_PER_DEVICE``.
+
+    The largest chunk a run needs. Small runs (an agreement pool of 2 inputs, PREDICT's ``n0``
+    samples of 1 input) pad up to ``MIN_CHUNK_PER_DEVICE`` rather than compile a program of
+    their own size: the runs of 1 to 8 pairs per device share one program, as those of 9 to 16
+    share another. ``run_chunk_pairs(3, 1) = 8``, ``run_chunk_pairs(10, 1) = 16``.
+    """
+    needed = 1 << max(0, math.ceil(math.log2(-(-num_pairs // shards))))
+    return max(needed, MIN_CHUNK_PER_DEVICE)
+
+
+def capped_chunk_size(chunk_size: int, num_pairs: int, shards: int) -> int:
+    """A requested chunk (``--chunk-size``, pairs over all devices) capped at the run's own
+    `run_chunk_pairs`: a chunk larger than the run would only allocate padding
+    (``--chunk-size 10**9`` once tried to allocate 12 GiB), and a run smaller than the request
+    still pads up to it within that cap, so its stages share the requested chunk's program."""
+    return min(int(chunk_size), run_chunk_pairs(num_pairs, shards) * shards)
 
 
 def probe_pairs(num_pairs: int, shards: int) -> int:
-    """Pairs per device of the memory probe: the run's whole size rounded up to a power of two
-    (what `auto_chunk_size` picks for a run that fits), at most ``PROBE_PAIRS_PER_DEVICE``
+    """Pairs per device of the memory probe: the run's `run_chunk_pairs` (what
+    `auto_chunk_size` picks for a run that fits), at most ``PROBE_PAIRS_PER_DEVICE``
     (the built-in world's automatic chunk on CPU). When the run then takes that chunk, it
     runs on the probe's compiled program: one compilation, not two."""
-    return min(_pairs_needed(num_pairs, shards), PROBE_PAIRS_PER_DEVICE)
+    return min(run_chunk_pairs(num_pairs, shards), PROBE_PAIRS_PER_DEVICE)
 
 
 def probe_step(step, mesh, params, event_shape, input_dtype, key_data, scale,
@@ -211,7 +227,8 @@ def repays_second_compilation(flops_per_pair: float, num_pairs: int, shards: int
 
 def auto_chunk_size(per_pair: float, max_memory: int, num_pairs: int, shards: int, *,
                     compute_bound: bool = False) -> int:
-    """Largest power-of-two chunk per device within ``max_memory``, capped by the run's size.
+    """Largest power-of-two chunk per device within ``max_memory``, capped by the run's
+    `run_chunk_pairs` (its size rounded up, at least ``MIN_CHUNK_PER_DEVICE``).
 
     At least ``MIN_CHUNK_PER_DEVICE`` pairs per device (the budget is a target, not a limit);
     ``compute_bound`` (a CPU step doing many FLOPs per byte, with the default budget) raises
@@ -225,4 +242,4 @@ def auto_chunk_size(per_pair: float, max_memory: int, num_pairs: int, shards: in
                                int(COMPUTE_BOUND_MAX_MEMORY // per_pair)))
     fits = int(min(max(max_memory // per_pair, floor), MAX_CHUNK_PER_DEVICE))
     per_device = 1 << (fits.bit_length() - 1)
-    return min(per_device, _pairs_needed(num_pairs, shards)) * shards
+    return min(per_device, run_chunk_pairs(num_pairs, shards)) * shards

@@ -67,8 +67,9 @@ def count_classes(
       num_classes: C, the size of the logits' last axis.
       indices: ``[N]`` global input indices (default ``arange(N)``); pass them when ``inputs``
         is a subset or a batch of a larger run so the noise stays the same.
-      chunk_size: pairs per chunk B, capped at the run's pairs and rounded up to a multiple of
-        the device count; default from ``max_memory``.
+      chunk_size: pairs per chunk B, capped at the run's pairs rounded up to a power of two
+        (at least 8 per device; `cbcert.engine.memory.capped_chunk_size`) and rounded up to a
+        multiple of the device count; default from ``max_memory``.
       max_memory: bytes per device a chunk may use when ``chunk_size`` is None (default: a
         quarter of the device memory, or 8 MiB where the device does not report it, with at
         least 32 pairs per device for compute-bound steps of runs long enough to repay a second
