@@ -117,3 +117,32 @@ def test_compiler_options_refuses_bad_options_naming_them():
     done = run_benchmark("compiler_options.py", "--rounds", "0", timeout=120)
     assert done.returncode == 2
     assert "--rounds=0" in done.stderr
+
+
+def test_main_job_times_the_command_by_stage_and_the_nets_against_pytorch():
+    """`main_job.py` on a 1-input main command: every stage line with its compile time, the
+    estimation rate, the world's parity with its PyTorch twin (argmax agreement on every
+    head) and the engine's ratio to PyTorch's best batch; bf16 only where lscpu shows units."""
+    done = run_benchmark("main_job.py", "--inputs", "1", "--rounds", "1", "--seconds", "0.05",
+                         "--num", "32", "--batches", "8", "16", timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert re.search(r"CPU: .*ISA flags: ", out), out
+    assert re.search(r"`certify latent --sigma 0\.1 --quiet --inputs 1`: \d+\.\d s in all, "
+                     r"\d+\.\d s of it XLA compilation", out), out
+    for stage in ("pool", "inputs", "selection", "estimation", "bounds", "the rest"):
+        assert re.search(rf"^   {stage} +\d+\.\d\d s  \(compile +\d+\.\d\d s", out, re.M), stage
+    assert re.search(r"estimation: 1000 samples of 3 models, \d+ samples/s", out), out
+    parity = next(ln for ln in out.splitlines() if "parity (fp32" in ln)
+    assert "std 100.00%, cbm 100.00%, proto 100.00%" in parity, parity
+    assert re.search(r"engine fp32 +\d+ samples/s   x\d+\.\d\d \(.*\) vs PyTorch's best fp32 "
+                     r"batch, chunk \d+", out), out
+    bf16_units = "no bf16 units" not in out
+    assert ("engine bf16 vs engine fp32" in out) == bf16_units, out
+
+
+def test_main_job_refuses_bad_options_naming_them():
+    for args, flag in ((["--inputs", "0"], "--inputs=0"), (["--batches", "8", "0"], "--batches=0")):
+        done = run_benchmark("main_job.py", *args, timeout=120)
+        assert done.returncode == 2
+        assert flag in done.stderr, done.stderr
