@@ -254,4 +254,5 @@ def test_trained_cbae_plugs_into_the_biggan_generator(generator, labeler, tmp_pa
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="does not match the generator's condition"):
         bg.biggan_generator(bg.BigGAN(bg.BigGANConfig(**{**FIELDS, "z_dim": 4}),
-                                      rngs=nnx.Rngs(0)), 2, 1.0, cbae=cbae)
+                                      rngs=nnx.Rngs(jax.random.key(0, impl="rbg"))), 2, 1.0,
+                            cbae=cbae)
