@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 from cbcert.engine import compiler, memory, sharding
 from cbcert.engine.keys import sample_key
 from cbcert.engine.noise import NoiseModel
-from cbcert.engine.validity import NO_VOTE, check_dtype
+from cbcert.engine.validity import NO_VOTE, check_dtype, check_finite_inputs
 
 MAX_INDEX = 2**31
 # ``callback(done, total)``: (input, sample) pairs finished so far, and in all.
@@ -51,6 +51,21 @@ def argmax_body(apply_fn: Callable, num_classes: int) -> Callable:
         return jnp.where(jnp.isfinite(logits).all(axis=-1), votes, NO_VOTE)
 
     return body
+
+
+def voting_run(apply_fn: Callable, num_classes, params, inputs, noise: NoiseModel, scale, key,
+               num_samples: int, indices, chunk_size, max_memory, mesh, dtype) -> "Run":
+    """The `Run` of the counting samplers (``count_classes``, ``sample_labels``,
+    ``count_classes_sequential``): `argmax_body` votes of ``apply_fn``'s heads over
+    ``num_samples`` samples per input. Raises ValueError unless ``num_classes`` is an integer
+    ``>= 1``, and `NonFiniteError` naming every input holding a NaN or inf (before sampling).
+    """
+    if not (isinstance(num_classes, int | np.integer) and num_classes >= 1):
+        raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
+    run = Run.create(argmax_body(apply_fn, int(num_classes)), params, inputs, noise, scale, key,
+                     num_samples, indices, chunk_size, max_memory, mesh, dtype)
+    check_finite_inputs(run.inputs, run.indices)
+    return run
 
 
 @functools.lru_cache(maxsize=64)

@@ -102,12 +102,8 @@ def count_classes_sequential(
         read back; inputs that stopped before were already passed to ``finished``).
     """
     checkpoints = _check_checkpoints(checkpoints)
-    if not (isinstance(num_classes, int | np.integer) and num_classes >= 1):
-        raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
-    body = chunks.argmax_body(apply_fn, int(num_classes))
-    run = chunks.Run.create(body, params, inputs, noise, scale, key, checkpoints[-1], indices,
-                              chunk_size, max_memory, mesh, dtype)
-    sampler.check_finite_inputs(run.inputs, run.indices)
+    run = chunks.voting_run(apply_fn, num_classes, params, inputs, noise, scale, key,
+                            checkpoints[-1], indices, chunk_size, max_memory, mesh, dtype)
     return _Scheduler(run, checkpoints, int(num_classes), decide, finished).execute()
 
 

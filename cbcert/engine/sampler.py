@@ -23,10 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from cbcert.engine.chunks import ProgressCallback, Run, argmax_body, collect
+from cbcert.engine.chunks import ProgressCallback, Run, collect, voting_run
 from cbcert.engine.noise import NoiseModel
 from cbcert.engine.validity import (
-    check_finite_inputs,
     check_votes,
 )
 
@@ -88,12 +87,8 @@ def count_classes(
       NonFiniteError: an input holds a NaN or inf (before sampling), or ``apply_fn`` returned
         a NaN or inf logit for a noisy sample (when its chunk is read back).
     """
-    if not (isinstance(num_classes, int | np.integer) and num_classes >= 1):
-        raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
-    body = argmax_body(apply_fn, int(num_classes))
-    run = Run.create(body, params, inputs, noise, scale, key, num_samples, indices, chunk_size,
-                      max_memory, mesh, dtype)
-    check_finite_inputs(run.inputs, run.indices)
+    run = voting_run(apply_fn, num_classes, params, inputs, noise, scale, key, num_samples,
+                     indices, chunk_size, max_memory, mesh, dtype)
     counts = None
 
     def consume(labels: np.ndarray, start: int, valid: int) -> None:
@@ -144,11 +139,8 @@ def sample_labels(
     Returns:
       ``[N, num_samples, H]`` int32 labels.
     """
-    if not (isinstance(num_classes, int | np.integer) and num_classes >= 1):
-        raise ValueError(f"num_classes={num_classes!r} must be an integer >= 1")
-    run = Run.create(argmax_body(apply_fn, int(num_classes)), params, inputs, noise, scale,
-                      key, num_samples, indices, chunk_size, max_memory, mesh, dtype)
-    check_finite_inputs(run.inputs, run.indices)
+    run = voting_run(apply_fn, num_classes, params, inputs, noise, scale, key, num_samples,
+                     indices, chunk_size, max_memory, mesh, dtype)
     return collect(run, progress)
 
 
