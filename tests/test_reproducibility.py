@@ -7,6 +7,10 @@ floats with values stored on another machine, or across batch and chunk shapes, 
 another instruction set -- AVX2 where this CPU has AVX-512 (the emulation of the most common CI
 and laptop CPU on a recent server), SSE4 otherwise -- so a test that holds only by one CPU's
 rounding fails on whichever machine runs the suite.
+
+The suite compiles every program with LLVM at optimisation level 1 (``tests/conftest.py``), users
+at XLA's default 3; `test_the_suites_optimisation_level_gives_the_users_bits` checks that a
+bit-sensitive command writes the same bytes at both.
 """
 
 import os
@@ -75,3 +79,46 @@ def test_float_sensitive_tests_pass_on_another_instruction_set(tmp_path):
     passed = re.search(r"(\d+) passed", result.stdout)
     assert passed and int(passed.group(1)) >= 13, tail
     assert not re.search(r"\d+ (failed|skipped|error)", result.stdout), tail
+
+
+def users_flags(flags: str) -> str:
+    """``XLA_FLAGS`` without an optimisation level: what a user's run compiles with (XLA's
+    default level 3) where the suite sets one (``tests/conftest.py``)."""
+    return " ".join(flag for flag in flags.split()
+                    if not flag.startswith("--xla_backend_optimization_level"))
+
+
+def test_users_flags_drop_only_the_level():
+    assert users_flags("--a=1 --xla_backend_optimization_level=1 --b") == "--a=1 --b"
+
+
+@pytest.mark.slow
+def test_the_suites_optimisation_level_gives_the_users_bits(tmp_path):
+    """The suite compiles with LLVM at the level of ``tests/conftest.py`` (1), users at XLA's
+    default (3): the same command gives byte-identical records at both levels.
+
+    ``certify perturb`` on the built-in world (generator, three classifiers, the concept
+    classifier's DFS distances in float64 from float32 features) is the most bit-sensitive
+    output of the reference sweep: at level 0 (no FMA contraction) every one of its records
+    changes in the last digits of ``dfs``, so this test fails if the suite's level ever changes
+    the numerics (run it with ``XLA_FLAGS=--xla_backend_optimization_level=0`` to see it
+    fail). Deterministic: no failure probability.
+    """
+    suite = os.environ.get("XLA_FLAGS", "")
+    assert "--xla_backend_optimization_level" in suite
+    args = ["perturb", "--eps", "0.3", "--tau", "2", "--sigma", "0.1", "--samples", "2",
+            "--subsets", "2", "--subset-size", "4", "--pool", "8", "--quiet"]
+    outputs = {}
+    for name, flags, cache in (("suite", suite, "true"), ("user", users_flags(suite), "false")):
+        env = {**os.environ, "XLA_FLAGS": flags, "JAX_ENABLE_COMPILATION_CACHE": cache}
+        outputs[name] = tmp_path / name
+        result = subprocess.run([sys.executable, "-m", "cbcert", *args, "--out",
+                                 str(outputs[name])], cwd=_REPO_ROOT, env=env,
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, f"{flags}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+    files = sorted(path.name for path in outputs["suite"].glob("*.jsonl"))
+    assert files == ["eps0.3.jsonl", "sigma0.1.jsonl", "tau2.jsonl"]
+    for name in files:
+        suite_bytes = (outputs["suite"] / name).read_bytes()
+        assert suite_bytes.count(b"\n") == 8 and b'"dfs"' in suite_bytes
+        assert suite_bytes == (outputs["user"] / name).read_bytes(), name
