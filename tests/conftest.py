@@ -40,20 +40,18 @@ if _OWNER not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="cbcert-test-xla-cache-")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
-    # The options cbcert compiles its own programs with (`cbcert.engine.compiler`), for every
-    # program of the run: the tests' reference computations and eager operations compile about
-    # twice as fast (docs/DEVELOPMENT.md). cbcert's programs are compiled exactly as without it.
-    if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = " ".join(
-            [*os.environ.get("XLA_FLAGS", "").split(), "--xla_cpu_use_fusion_emitters=false"])
-    # LLVM at optimisation level 1 instead of XLA's default 3: every program of the run compiles
-    # ~1.5x faster, with the same bits (FMA contraction happens at instruction selection, which
-    # runs at level 1 as at 3; no fast-math reassociation at either level). Checked on every
-    # record of results/reference/ and, on every run, by tests/test_reproducibility.py's
-    # `test_the_suites_optimisation_level_gives_the_users_bits` (docs/DEVELOPMENT.md).
-    if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = " ".join(
-            [*os.environ["XLA_FLAGS"].split(), SUITE_OPTIMIZATION_LEVEL])
+    # XLA flags of the whole run, each unless the developer's XLA_FLAGS already names it:
+    # * the options cbcert compiles its own programs with (`cbcert.engine.compiler`), for every
+    #   program of the run: the tests' reference computations and eager operations compile about
+    #   twice as fast (docs/DEVELOPMENT.md); cbcert's programs are compiled exactly as without it;
+    # * LLVM at optimisation level 1 instead of XLA's default 3: every program of the run
+    #   compiles ~1.5x faster, with the same bits (FMA contraction happens at instruction
+    #   selection, which runs at level 1 as at 3; no fast-math reassociation at either level).
+    #   Checked on every record of results/reference/ and, on every run, by
+    #   tests/test_reproducibility.py's `test_the_suites_optimisation_level_gives_the_users_bits`.
+    for _flag in ("--xla_cpu_use_fusion_emitters=false", SUITE_OPTIMIZATION_LEVEL):
+        if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = " ".join([*os.environ.get("XLA_FLAGS", "").split(), _flag])
 _HOME = os.environ["CBCERT_HOME"]
 
 
