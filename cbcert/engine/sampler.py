@@ -25,9 +25,7 @@ from jax.sharding import Mesh
 
 from cbcert.engine.chunks import ProgressCallback, Run, collect, voting_run
 from cbcert.engine.noise import NoiseModel
-from cbcert.engine.validity import (
-    check_votes,
-)
+from cbcert.engine.validity import check_votes
 
 
 def count_classes(
