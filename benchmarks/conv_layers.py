@@ -1,8 +1,11 @@
-"""Where the engine's CPU time goes in ResNet-50: every convolution shape, engine vs PyTorch.
+"""Where the engine's CPU time goes in a network's convolutions: every shape, engine vs PyTorch.
 
-For each distinct convolution of a torchvision ResNet-50 at ``--size`` px (stem, and per stage
-the bottleneck's 1x1 / 3x3 / 1x1 and the projection shortcut), times convolution + inference
-batch norm + ReLU at batch ``--batch``:
+For each distinct convolution of ``--net`` at ``--size`` px, times convolution + inference batch
+norm + ReLU at batch ``--batch``. Networks: ``resnet50`` — torchvision's ResNet-50 (stem, and per
+stage the bottleneck's 1x1 / 3x3 / 1x1 and the projection shortcut); ``world`` — the built-in
+world's classifiers (`cbcert.models.world_classifiers`: stem, one basic block per stage with
+its projection, the prototype head's two 1x1 add-on layers; their convolutions carry a bias,
+not a batch norm: a per-channel scale and shift either way). Paths:
 
 * ``engine`` — ``cbcert.nn.layers.conv``, the path the ported models take on this backend
   (patch matmul or XLA's native convolution, ``native_is_faster``), BN folded to a scale and
@@ -20,6 +23,7 @@ a float32 matmul reference (a 2048³ product in XLA and in PyTorch) as the machi
 peak.
 
     PYTHONPATH=. python benchmarks/conv_layers.py --batch 16 --rounds 3
+    PYTHONPATH=. python benchmarks/conv_layers.py --net world --size 32 --batch 32
 
 Threads are pinned before jax and torch are imported; both flush denormals.
 """
@@ -37,6 +41,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for both frameworks")
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--net", choices=("resnet50", "world"), default="resnet50",
+                        help="whose convolution shapes (default: resnet50)")
     parser.add_argument("--size", type=int, default=224, help="image side in pixels")
     parser.add_argument("--min-seconds", type=float, default=0.4,
                         help="time each path at least this long in each round")
@@ -75,6 +81,26 @@ def resnet50_convolutions(size: int) -> dict[tuple[int, int, int, int, int], int
     return shapes
 
 
+def world_convolutions(size: int) -> dict[tuple[int, int, int, int, int], int]:
+    """``{(cin, cout, kernel, stride, input side): occurrences}`` of the built-in world's
+    classifiers (`NetConfig` defaults: widths 24/48/96, prototype_dim 32) at ``size`` px."""
+    from cbcert.models.world_classifiers import NetConfig
+
+    config = NetConfig()
+    w1, w2, w3 = config.widths
+    d = config.prototype_dim
+    shapes = {(3, w1, 3, 1, size): 1, (w1, w1, 3, 1, size): 2}  # stem, stage 1
+    shapes[(w1, w2, 3, 2, size)] = 1  # stage 2: conv1, its projection, conv2
+    shapes[(w1, w2, 1, 2, size)] = 1
+    shapes[(w2, w2, 3, 1, size // 2)] = 1
+    shapes[(w2, w3, 3, 2, size // 2)] = 1  # stage 3
+    shapes[(w2, w3, 1, 2, size // 2)] = 1
+    shapes[(w3, w3, 3, 1, size // 4)] = 1
+    shapes[(w2, d, 1, 1, size // 2)] = 1  # prototype add-on layers on the stage-2 map
+    shapes[(d, d, 1, 1, size // 2)] = 1
+    return shapes
+
+
 def main() -> None:
     args = parse_args()
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -99,13 +125,15 @@ def main() -> None:
             x, w, (s, s), [(p, p), (p, p)], dimension_numbers=("NHWC", "HWIO", "NHWC")),
         "patches": lambda x, w, s, p: conv_patches(x, w, s, p),
     }
-    print(f"ResNet-50 convolutions at {args.size} px, batch {args.batch}, conv + BN + ReLU, "
+    net, convolutions = {"resnet50": ("ResNet-50", resnet50_convolutions),
+                         "world": ("built-in world classifiers", world_convolutions)}[args.net]
+    print(f"{net} convolutions at {args.size} px, batch {args.batch}, conv + BN + ReLU, "
           f"ms (median of {args.rounds} interleaved rounds)")
     print(f"{'cin cout k s side':>22} {'count':>5} {'engine':>8} {'native':>8} {'patches':>8} "
           f"{'torch':>8} {'GFLOP/s engine':>15} {'torch':>6} {'gap ms x count':>15}")
     totals = dict.fromkeys([*paths, "torch"], 0.0)
     failures = []
-    for (cin, cout, k, stride, side), count in resnet50_convolutions(args.size).items():
+    for (cin, cout, k, stride, side), count in convolutions(args.size).items():
         pad = k // 2
         x = rng.standard_normal((args.batch, side, side, cin)).astype(np.float32)
         w = (rng.standard_normal((k, k, cin, cout)) / np.sqrt(k * k * cin)).astype(np.float32)

@@ -14,6 +14,8 @@ by a warm-up run before anything is timed.
     PYTHONPATH=. python benchmarks/sequential.py --inputs 32 --n 2000
     PYTHONPATH=. python benchmarks/sequential.py --n 100000 --inputs 8 \
         --settings target anytime-target --no-fixed             # Cohen's n, targets only
+    PYTHONPATH=. python benchmarks/sequential.py --n 100000 --inputs 8 --configs gaussian:0.1 \
+        --settings anytime-precision --tolerances 1 0.5 0.25    # Cohen's n, no target
 
 Sequential settings: ``futility`` (no target: stops only when no later checkpoint can improve
 the radius, e.g. hopeless inputs), ``precision`` (``--radius-tolerance`` = one grid step: σ/4,
@@ -22,11 +24,14 @@ column, σ/2 or Hamming 1: the question "is this input certified at r?"; certifi
 r is what it answers, so ``max |ΔCA|`` is also printed at r alone; an input that cannot reach r
 stops early and reports what it had, so certified accuracy at other radii drops by design).
 ``anytime``, ``anytime-precision`` and ``anytime-target`` are the same three with ``--schedule
-anytime`` (`cbcert.certify.anytime`). ``--no-fixed`` skips running the fixed schedule (its
-samples are N · (n0 + n) by construction; certified accuracy is then compared with nothing).
+anytime`` (`cbcert.certify.anytime`). ``--tolerances 1 0.5 0.25`` runs each precision setting
+once per fraction of the grid step (``precision@0.5``: ``--radius-tolerance`` = half a step).
+``--no-fixed`` skips running the fixed schedule (its samples are N · (n0 + n) by construction;
+certified accuracy is then compared with nothing).
 """
 
 import argparse
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -50,9 +55,14 @@ def parse_args() -> argparse.Namespace:
                         help="schedules to run besides fixed")
     parser.add_argument("--no-fixed", action="store_true",
                         help="do not run the fixed schedule (samples N·(n0 + n) by definition)")
+    parser.add_argument("--tolerances", type=float, nargs="+", default=[1.0],
+                        help="precision settings: --radius-tolerance as fractions of the grid "
+                             "step, one run each (default: 1)")
     parser.add_argument("--configs", nargs="+", default=["gaussian:0.1", "gaussian:0.25",
                                                          "bernoulli:0.2"])
     args = parser.parse_args()
+    if min(args.tolerances) <= 0:
+        parser.error(f"--tolerances={args.tolerances}: each must be > 0")
     if args.quick:
         args.inputs, args.n, args.n0 = 4, 200, 20
     return args
@@ -97,6 +107,12 @@ def main() -> None:
             }
             jobs = {name: job for name, job in every.items()
                     if name in args.settings or (name == "fixed" and not args.no_fixed)}
+            if args.tolerances != [1.0]:  # each precision setting once per tolerance
+                jobs = {(f"{name}@{f:g}" if "precision" in name else name):
+                        (dataclasses.replace(job, radius_tolerance=step * f)
+                         if "precision" in name else job)
+                        for name, job in jobs.items()
+                        for f in (args.tolerances if "precision" in name else [1.0])}
             # Warm-up: compile the pool, the encoder and the sampling step of this noise.
             run(world, CertifyJob(noise=noise, scale=scale, n0=10, n=20, num_inputs=1,
                                   alpha=0.01), root / f"warm-{noise}{scale}")
@@ -115,7 +131,7 @@ def main() -> None:
     fixed_samples, fixed_seconds = totals["fixed"]
     print("\nall configurations:")
     for name, (samples, seconds) in totals.items():
-        print(f"  {name:9s} {samples:9d} samples ({fixed_samples / samples:5.2f}x fewer), "
+        print(f"  {name:21s} {samples:9d} samples ({fixed_samples / samples:5.2f}x fewer), "
               f"{seconds:7.1f} s ({fixed_seconds / seconds:5.2f}x less wall time)")
 
 
@@ -131,7 +147,7 @@ def report(noise: str, scale: float, results: dict, target: float) -> None:
         for entry in summary["models"].values():
             for reason, count in entry.get("stop_reasons", {}).items():
                 reasons[reason] = reasons.get(reason, 0) + count
-        line = (f"  {name:9s} samples {samples:7d} ({fixed_samples / samples:6.2f}x fewer)  "
+        line = (f"  {name:21s} samples {samples:7d} ({fixed_samples / samples:6.2f}x fewer)  "
                 f"wall {seconds:6.1f} s")
         if fixed_summary is not None:
             worst, worst_at = 0.0, 0.0
@@ -155,7 +171,7 @@ def report(noise: str, scale: float, results: dict, target: float) -> None:
         for name, (summary, _, _) in ran.items():
             ca = summary["models"][model]["certified_accuracy"]
             row = " ".join(f"{100 * ca[i]:6.1f}" for i in shown)
-            print(f"    {model:5s} {name:17s}        {row}")
+            print(f"    {model:5s} {name:21s}    {row}")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,20 @@ def test_conv_layers_checks_every_path_against_torch_and_reports_the_gap():
     assert re.search(r"float32 matmul 2048\^3, GFLOP/s: xla \d+, torch \d+", done.stdout)
 
 
+def test_conv_layers_times_the_world_nets_shapes():
+    """`conv_layers.py --net world`: the built-in world classifiers' 10 distinct convolution
+    shapes (11 convolutions: stem, 2 + 3 + 3 in the stages, 2 prototype add-ons), each path
+    checked against torch (exit 1 on a mismatch)."""
+    done = run_benchmark("conv_layers.py", "--net", "world", "--batch", "1", "--size", "32",
+                         "--rounds", "1", "--threads", "1", "--min-seconds", "0", timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.startswith("built-in world classifiers convolutions at 32 px")
+    rows = [ln for ln in done.stdout.splitlines() if re.match(r"\s*\d+\s+\d+\s+[13]\s+[12]\s", ln)]
+    assert len(rows) == 10, done.stdout
+    assert sum(int(ln.split()[5]) for ln in rows) == 11
+    assert {int(ln.split()[4]) for ln in rows} == {32, 16, 8}, done.stdout
+
+
 def test_conv_layers_refuses_bad_options_naming_them():
     done = run_benchmark("conv_layers.py", "--batch", "0", timeout=120)
     assert done.returncode == 2
@@ -139,6 +153,12 @@ def test_main_job_times_the_command_by_stage_and_the_nets_against_pytorch():
                      r"batch, chunk \d+", out), out
     bf16_units = "no bf16 units" not in out
     assert ("engine bf16 vs engine fp32" in out) == bf16_units, out
+
+
+def test_sequential_refuses_a_tolerance_that_is_not_positive():
+    done = run_benchmark("sequential.py", "--tolerances", "1", "0", timeout=120)
+    assert done.returncode == 2
+    assert "--tolerances=[1.0, 0.0]" in done.stderr, done.stderr
 
 
 def test_main_job_refuses_bad_options_naming_them():
