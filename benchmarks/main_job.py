@@ -21,9 +21,16 @@ PyTorch at its best batch and the engine; samples/s, the median per-round ratio.
 (``--dtype bfloat16``, and PyTorch's bf16 autocast) is timed only where ``lscpu`` shows bf16
 units (``avx512_bf16`` or ``amx_bf16``); elsewhere the script says so and makes no bf16 claim.
 
+Part 3, the shared work (``--no-sharing`` skips it): the main job's models judged on the same
+noisy samples in one pass (one rendering, one backbone on the built-in world, every head on its
+features: what ``certify latent`` runs) against one engine pass per model (each renders the
+images and runs its own backbone), interleaved rounds, each at its automatic chunk; samples/s
+counts a noisy latent judged by every model once, and the ratio is what sharing saves.
+
     PYTHONPATH=. python benchmarks/main_job.py                  # the full main job, ~3 min
     PYTHONPATH=. python benchmarks/main_job.py --inputs 10      # a shorter command
     PYTHONPATH=. python benchmarks/main_job.py --rounds 5 --no-command
+    PYTHONPATH=. python benchmarks/main_job.py --no-command --no-torch      # part 3 only
     PYTHONPATH=. python benchmarks/main_job.py --inputs 1 --num 32 --batches 8 16   # smoke run
 
 Timings are measurements of a shared machine: compare within one run.
@@ -56,6 +63,7 @@ def parse_args() -> argparse.Namespace:
                         help="part 2: PyTorch batch sizes swept (default 8 32 128 512)")
     parser.add_argument("--no-command", action="store_true", help="skip part 1")
     parser.add_argument("--no-torch", action="store_true", help="skip part 2")
+    parser.add_argument("--no-sharing", action="store_true", help="skip part 3")
     args = parser.parse_args()
     for flag, value in (("--rounds", args.rounds), ("--inputs", args.inputs),
                         ("--num", args.num), ("--batches", min(args.batches))):
@@ -252,6 +260,55 @@ def run_nets(rounds: int, seconds: float, bf16: bool, num: int, batches: list[in
               + timing.format_ratio(rates["engine bf16"], rates["engine fp32"]))
 
 
+# ------------------------------------------------------------------------ part 3: shared work
+
+
+def run_sharing(rounds: int, seconds: float, num: int) -> None:
+    """All models in one engine pass vs one pass per model, interleaved rounds."""
+    import engine_throughput as et
+    import timing
+
+    from cbcert.engine import keys, noise, sampler
+    from cbcert.runs.certify import CertifyJob
+
+    world, _ = et.load_default_world()
+    models = CertifyJob(noise="gaussian", scale=0.1).models
+    params, classes = world.params, world.num_classes
+    latents = np.array(jax.random.normal(jax.random.key(1), (2, world.generator.latent_dim)))
+    key = keys.stream_key(jax.random.key(0), keys.STREAM_ESTIMATE)
+
+    def count(apply_fn):
+        return sampler.count_classes(apply_fn, params, latents, noise.Gaussian(), key, num,
+                                     scale=et.SIGMA, num_classes=classes)
+
+    together = world.latent_apply(models)
+    alone = [world.latent_apply((m,)) for m in models]
+    # The same votes either way: each model's counts in the shared pass are its own pass's.
+    shared_counts = np.asarray(count(together))
+    same = all(np.array_equal(shared_counts[:, i], np.asarray(count(fn))[:, 0])
+               for i, fn in enumerate(alone))
+
+    def shared():
+        count(together)
+        return len(latents) * num
+
+    def separate():
+        for fn in alone:
+            count(fn)
+        return len(latents) * num
+
+    rates, _ = timing.interleaved({"one pass, all models": shared,
+                                   "one pass per model": separate}, rounds, seconds)
+    print(f"\n3. shared work: {', '.join(models)} judged on the same noisy latents in one pass "
+          f"vs one pass per model ({rounds} interleaved rounds; samples/s: noisy latents "
+          "judged by every model)")
+    for name, values in rates.items():
+        print(f"   {name:<22} {timing.median(values):8.0f} samples/s")
+    print("   sharing saves " + timing.format_ratio(rates["one pass, all models"],
+                                                     rates["one pass per model"])
+          + f"; counts identical per model: {same}")
+
+
 def main() -> None:
     args = ARGS
     model, flags = cpu_description()
@@ -268,6 +325,8 @@ def main() -> None:
         run_command(args.inputs)
     if not args.no_torch:
         run_nets(args.rounds, args.seconds, bf16, args.num, args.batches)
+    if not args.no_sharing:
+        run_sharing(args.rounds, args.seconds, args.num)
 
 
 if __name__ == "__main__":

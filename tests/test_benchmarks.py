@@ -136,7 +136,8 @@ def test_compiler_options_refuses_bad_options_naming_them():
 def test_main_job_times_the_command_by_stage_and_the_nets_against_pytorch():
     """`main_job.py` on a 1-input main command: every stage line with its compile time, the
     estimation rate, the world's parity with its PyTorch twin (argmax agreement on every
-    head) and the engine's ratio to PyTorch's best batch; bf16 only where lscpu shows units."""
+    head) and the engine's ratio to PyTorch's best batch; bf16 only where lscpu shows units;
+    the shared pass of the models against one pass per model, with identical counts."""
     done = run_benchmark("main_job.py", "--inputs", "1", "--rounds", "1", "--seconds", "0.05",
                          "--num", "32", "--batches", "8", "16", timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -153,6 +154,10 @@ def test_main_job_times_the_command_by_stage_and_the_nets_against_pytorch():
                      r"batch, chunk \d+", out), out
     bf16_units = "no bf16 units" not in out
     assert ("engine bf16 vs engine fp32" in out) == bf16_units, out
+    # Part 3: the models' shared pass against one pass per model, same votes either way.
+    assert re.search(r"^   one pass, all models +\d+ samples/s$", out, re.M), out
+    assert re.search(r"^   one pass per model +\d+ samples/s$", out, re.M), out
+    assert re.search(r"sharing saves x\d+\.\d\d .*; counts identical per model: True", out), out
 
 
 def test_sequential_refuses_a_tolerance_that_is_not_positive():
