@@ -108,11 +108,15 @@ def main() -> None:
             jobs = {name: job for name, job in every.items()
                     if name in args.settings or (name == "fixed" and not args.no_fixed)}
             if args.tolerances != [1.0]:  # each precision setting once per tolerance
-                jobs = {(f"{name}@{f:g}" if "precision" in name else name):
-                        (dataclasses.replace(job, radius_tolerance=step * f)
-                         if "precision" in name else job)
-                        for name, job in jobs.items()
-                        for f in (args.tolerances if "precision" in name else [1.0])}
+                expanded = {}
+                for name, job in jobs.items():
+                    if "precision" not in name:
+                        expanded[name] = job
+                        continue
+                    for f in args.tolerances:
+                        expanded[f"{name}@{f:g}"] = dataclasses.replace(
+                            job, radius_tolerance=step * f)
+                jobs = expanded
             # Warm-up: compile the pool, the encoder and the sampling step of this noise.
             run(world, CertifyJob(noise=noise, scale=scale, n0=10, n=20, num_inputs=1,
                                   alpha=0.01), root / f"warm-{noise}{scale}")
