@@ -189,26 +189,35 @@ def run_command(inputs: int | None) -> dict:
     return {"total": total, "compile": compile_total, **clock.wall}
 
 
-# ------------------------------------------------------------------------ part 2: the nets
+# ------------------------------------------------------------------------ parts 2 and 3: the nets
 
 
-def run_nets(rounds: int, seconds: float, bf16: bool, num: int, batches: list[int]) -> None:
+def engine_inputs(world) -> tuple[tuple[str, ...], np.ndarray, jax.Array]:
+    """What parts 2 and 3 sample from: the main job's models, two clean latents ``[2, d]`` and
+    the estimation stream key."""
+    from cbcert.engine import keys
+    from cbcert.runs.certify import CertifyJob
+
+    models = CertifyJob(noise="gaussian", scale=0.1).models
+    latents = np.array(jax.random.normal(jax.random.key(1), (2, world.generator.latent_dim)))
+    return models, latents, keys.stream_key(jax.random.key(0), keys.STREAM_ESTIMATE)
+
+
+def run_nets(world, source: str, rounds: int, seconds: float, bf16: bool, num: int,
+             batches: list[int]) -> None:
     """The engine vs a PyTorch loop on the world's nets, interleaved rounds."""
     import engine_throughput as et
     import timing
     import torch
 
-    from cbcert.engine import keys, noise, sampler
-    from cbcert.runs.certify import CertifyJob
+    from cbcert.engine import noise, sampler
 
-    world, source = et.load_default_world()
-    models = CertifyJob(noise="gaussian", scale=0.1).models
+    models, latents, key = engine_inputs(world)
     if models != et.WORLD_MODELS:
         raise SystemExit(f"the main job's models {models} differ from the twin's "
                          f"{et.WORLD_MODELS}")
     apply_fn, params, classes = world.latent_apply(models), world.params, world.num_classes
     model = et.torch_world(world, world.classifier_params)
-    latents = np.array(jax.random.normal(jax.random.key(1), (2, world.generator.latent_dim)))
     probe = latents[[0, 1, 0, 1]] + 0.1 * np.random.default_rng(2).standard_normal(
         (4, latents.shape[1]), np.float32)
     print(f"\n2. the nets: generator + {', '.join(models)} on the same noisy latent, weights "
@@ -220,7 +229,6 @@ def run_nets(rounds: int, seconds: float, bf16: bool, num: int, batches: list[in
     print("   PyTorch batch sweep (one pass each): " + ", ".join(
         f"{b}: {r:.0f}" for b, r in sweep.items()) + f" samples/s; best batch {best}")
 
-    key = keys.stream_key(jax.random.key(0), keys.STREAM_ESTIMATE)
     chunks: dict[str, list] = collections.defaultdict(list)
 
     def engine(p, name, **kwargs):
@@ -260,22 +268,15 @@ def run_nets(rounds: int, seconds: float, bf16: bool, num: int, batches: list[in
               + timing.format_ratio(rates["engine bf16"], rates["engine fp32"]))
 
 
-# ------------------------------------------------------------------------ part 3: shared work
-
-
-def run_sharing(rounds: int, seconds: float, num: int) -> None:
+def run_sharing(world, rounds: int, seconds: float, num: int) -> None:
     """All models in one engine pass vs one pass per model, interleaved rounds."""
     import engine_throughput as et
     import timing
 
-    from cbcert.engine import keys, noise, sampler
-    from cbcert.runs.certify import CertifyJob
+    from cbcert.engine import noise, sampler
 
-    world, _ = et.load_default_world()
-    models = CertifyJob(noise="gaussian", scale=0.1).models
+    models, latents, key = engine_inputs(world)
     params, classes = world.params, world.num_classes
-    latents = np.array(jax.random.normal(jax.random.key(1), (2, world.generator.latent_dim)))
-    key = keys.stream_key(jax.random.key(0), keys.STREAM_ESTIMATE)
 
     def count(apply_fn):
         return sampler.count_classes(apply_fn, params, latents, noise.Gaussian(), key, num,
@@ -323,10 +324,15 @@ def main() -> None:
               "is not timed and no bf16 claim is made")
     if not args.no_command:
         run_command(args.inputs)
+    if args.no_torch and args.no_sharing:
+        return
+    import engine_throughput as et
+
+    world, source = et.load_default_world()  # once for both parts
     if not args.no_torch:
-        run_nets(args.rounds, args.seconds, bf16, args.num, args.batches)
+        run_nets(world, source, args.rounds, args.seconds, bf16, args.num, args.batches)
     if not args.no_sharing:
-        run_sharing(args.rounds, args.seconds, args.num)
+        run_sharing(world, args.rounds, args.seconds, args.num)
 
 
 if __name__ == "__main__":
