@@ -330,7 +330,8 @@ def test_explain_section_runs_a_cell_and_reports_a_table(world, tmp_path):
     # proto: stability and certificates only (no known answer, no concept counterfactuals)
     proto = [k for k in latent_only if k.startswith(("eps_", "tau_", "all_cited", "mean_cert"))]
     assert len(proto) == 6
-    assert len(rows) == 1 + 2 * len(latent_only) + len(proto)
+    concept = [k for k in latent_only if k != "residual_share"]  # cbmh alone has a residual
+    assert len(rows) == 1 + 2 * len(concept) + 1 + len(proto)
     _, bad = _config(tmp_path, EXPLAIN.replace("n: 16,", "n: 16, tau: 13,"))
     with pytest.raises(ConfigError, match=r"section 'explain': tau=13: allowed range \[1, K=12\]"):
         sweep.check_cells(sweep.plan_cells(bad, ("explain",)), world)

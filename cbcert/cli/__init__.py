@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from cbcert.cli import certify, convert, empirical, explain, sweep, worlds
+from cbcert.cli import certify, convert, empirical, explain, judge, sweep, worlds
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -22,6 +22,6 @@ def main() -> None:
     """
 
 
-for _module in (certify, empirical, explain, worlds, convert, sweep):
+for _module in (certify, empirical, explain, judge, worlds, convert, sweep):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -13,7 +13,8 @@ from cbcert.runs.explain import ExplainJob
 
 # "explain": the world gives no concept head (runs.explanations.check), so --world is at fault.
 FLAGS = {"num_inputs": "--inputs", "top_k": "--top-k", "figure_inputs": "--figure-inputs",
-         "world": "--world", "flip_radius": "--flip-radius", "explain": "--world"}
+         "world": "--world", "flip_radius": "--flip-radius", "explain": "--world",
+         "judge_inputs": "--judge-inputs"}
 
 
 def _default(name: str):
@@ -54,45 +55,79 @@ def _default(name: str):
               help="Root seed of the pool, the perturbations, the noise and the bootstrap.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output directory (default results/explain-seed<seed>).")
-@click.option("--export", "export_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Also write the clean explanations as JSON for an external "
-                                 "judge (format in docs/commands.md).")
+@click.option("--export", "export_path", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Also write a judge bundle into this new folder: images, "
+                                 "explanations and a JSONL manifest of the pre-registered "
+                                 "inputs, for `certify judge` (docs/commands.md).")
+@click.option("--judge-inputs", type=int, default=None,
+              help="Inputs of the judge bundle, drawn from the seed before any explanation "
+                   "[default: min(20, --inputs)].")
 @common.memory_options
 @click.option("--quiet", "-q", is_flag=True, help="No table.")
 def explain(models: str, num_inputs: int, eps: float, tau: int, sigma: float,
             radius: float | None, n0: int, n: int, alpha: float, rho: float | None,
             flip_radius: int, top_k: int,
             figure_inputs: int, world_name: str, seed: int, out: Path | None,
-            export_path: Path | None, chunk_size: int | None, max_memory: int | None,
-            quiet: bool) -> None:
+            export_path: Path | None, judge_inputs: int | None, chunk_size: int | None,
+            max_memory: int | None, quiet: bool) -> None:
     """Explanations of the concept models (and proto's prototypes): how stable they are under a
     latent shift and concept flips, which cited units stay provably (certified), and how well
     they cite the concepts that define the class (known answer; built-in worlds).
 
-    Example: certify explain --inputs 100 --eps 0.3 --tau 1 --sigma 0.1
+    Example: certify explain --inputs 100 --eps 0.3 --tau 1 --sigma 0.1 --export bundle
     """
-    from cbcert.runs.explain import export, run
+    from cbcert.runs.explain import run
 
     with common.bad_input(FLAGS):
         job = ExplainJob(models=common.names(models), num_inputs=num_inputs, eps=eps, tau=tau,
                          sigma=sigma, radius=radius, n0=n0, n=n, alpha=alpha, top_k=top_k,
                          seed=seed, figure_inputs=figure_inputs, rho=rho,
-                         flip_radius=flip_radius)
+                         flip_radius=flip_radius, judge_inputs=judge_inputs)
     common.check_memory(chunk_size, max_memory)
     out = common.writable_out(out or Path("results") / f"explain-seed{seed}")
     if export_path is not None:
-        common.writable_file(export_path, "--export")
+        new_folder(export_path, "--export")
     world = common.load_agreement_world(world_name, job.models)
     with common.bad_input(FLAGS), bar("explain", quiet, unit="steps") as progress:
         result = run(world, job, out, progress=progress, chunk_size=chunk_size,
-                     max_memory=max_memory)
+                     max_memory=max_memory, judge_bundle=export_path is not None)
     draw_figure(result, out)
     if export_path is not None:
-        count = export(out, world, export_path)
+        write_judge_bundle(result, out, world, export_path)
         if not quiet:
-            common.console.print(f"{count} explanations exported to {export_path}")
+            items = len(result.extras["bundle"].items)
+            common.console.print(f"judge bundle: {items} items ({job.judge_inputs} "
+                                 f"pre-registered inputs) in {export_path}/; score them and "
+                                 f"run `certify judge {export_path} SCORES.jsonl …`")
     if not quiet:
         _print(result.summary, world, job, out)
+
+
+def new_folder(path: Path, flag: str) -> Path:
+    """A folder a command creates when it ends, checked before any work: its parent must exist
+    and be writable, and the folder must not hold a bundle already (exit 2 naming ``flag``):
+    a judged bundle is never overwritten."""
+    from cbcert.runs.bundle import MANIFEST
+
+    common.writable_file(path, flag)
+    if path.exists() and not path.is_dir():
+        raise click.BadParameter(f"{path} is a file, not a folder", param_hint=flag)
+    if (path / MANIFEST).exists():
+        raise click.BadParameter(f"{path} already holds a judge bundle ({MANIFEST}); choose "
+                                 "another folder", param_hint=flag)
+    return path
+
+
+def write_judge_bundle(result, out: Path, world, folder: Path) -> None:
+    """Write an explain run's judge bundle (``extras["bundle"]``) into ``folder``, with the
+    run's clean explanations as ``explanations.json`` (`cbcert.runs.explain.export`)."""
+    from cbcert.report.bundle import write_bundle
+    from cbcert.runs.bundle import EXPLANATIONS
+    from cbcert.runs.explain import export
+
+    folder.mkdir(exist_ok=True)
+    export(out, world, folder / EXPLANATIONS)
+    write_bundle(result.extras["bundle"], folder)
 
 
 def draw_figure(result, out: Path) -> None:

@@ -30,6 +30,8 @@ class Stream(enum.IntEnum):
     SUBSETS = 5  # perturb: the paired subsets (numpy entropy ``(seed, 5)``)
     CLASSES = 6  # the class each pool input asks a multi-class conditional generator for
     BOUND = 7  # CERTIFY with --bound randomized: each input's uniform draw
+    JUDGE = 8  # explain: the pre-registered inputs of the judge bundle
+    EDIT = 9  # explain: the concept editor's draws, one key per (input, edit slot)
 
 
 STREAM_SELECT = Stream.SELECT

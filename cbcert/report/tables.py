@@ -255,7 +255,12 @@ EXPLAIN_MEASURES = (
     ("single_consistent", "consistency, one cited concept flipped"),
     ("all_consistent", "consistency, all cited concepts flipped"),
     ("single_faithful", "faithfulness, one cited concept flipped"),
-    ("all_faithful", "faithfulness, all cited concepts flipped"))
+    ("all_faithful", "faithfulness, all cited concepts flipped"),
+    ("single_consistent_unverified", "consistency without verification, one flipped"),
+    ("all_consistent_unverified", "consistency without verification, all flipped"),
+    ("single_faithful_unverified", "faithfulness without verification, one flipped"),
+    ("all_faithful_unverified", "faithfulness without verification, all flipped"),
+    ("residual_share", "PCBM-h residual's share of the evidence"))
 
 
 def explain_tables(cells: Sequence[CellResult]) -> list[Table]:

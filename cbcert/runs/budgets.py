@@ -51,7 +51,7 @@ def budget_name(kind: str, value: float) -> str:
 
 
 def observer(world, space: str, models: tuple[str, ...], scores: bool, *,
-             prototypes: bool = False) -> Callable:
+             prototypes: bool = False, logits: bool = False) -> Callable:
     """Pure ``observe(params, x[B, *event]) -> dict`` of what a record needs about an image.
 
     ``x`` is a latent ``z[B, d]`` (space ``latent``: image ``g(z)``, concepts ``c = E(g1(z))``)
@@ -59,7 +59,8 @@ def observer(world, space: str, models: tuple[str, ...], scores: bool, *,
 
     Returns ``{"pred": int32[B, H] argmax of every model, "state": bool[B, K] = C(c)}`` plus
     ``"scores": [B, K]`` the CBM's concept scores r (for DFS) when ``scores``, and
-    ``"prototypes": [B, P]`` the prototype similarities (`World.prototypes`) when ``prototypes``.
+    ``"prototypes": [B, P]`` the prototype similarities (`World.prototypes`) when ``prototypes``,
+    and ``"logits": [B, H, C]`` every model's logits when ``logits``.
     """
     gen = world.generator
     k = gen.num_concepts
@@ -67,13 +68,15 @@ def observer(world, space: str, models: tuple[str, ...], scores: bool, *,
     def observe(params, x):
         c = x if space == "concept" else gen.concepts(params["gen"], x)  # [B, 2K + U]
         image = gen.image_from_concepts(params["gen"], c)  # [B, H, W, 3]
-        logits = world.classify(params["clf"], image, models)  # [B, H, C]
-        out = {"pred": jnp.argmax(logits, axis=-1).astype(jnp.int32),
+        out_logits = world.classify(params["clf"], image, models)  # [B, H, C]
+        out = {"pred": jnp.argmax(out_logits, axis=-1).astype(jnp.int32),
                "state": concept_state(c, k)}
         if scores:
             out["scores"] = world.concept_scores(params["clf"], image)  # [B, K]
         if prototypes:
             out["prototypes"] = world.prototypes(params["clf"], image)  # [B, P]
+        if logits:
+            out["logits"] = out_logits
         return out
 
     return observe

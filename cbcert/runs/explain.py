@@ -2,9 +2,9 @@
 stability and their known-answer quality (where the world knows its class rule).
 
 Size: one runner for the whole explanation study (views, certificates, known answer,
-counterfactuals, prototype membership, figure arrays, export) over ~540 lines; its kernels live in
-`cbcert.robustness.explain` and the explaining heads and record fields in
-`cbcert.runs.explanations`.
+counterfactuals, prototype membership, logit decomposition, figure arrays, export) over ~575
+lines; its kernels live in `cbcert.robustness.explain`, the explaining heads and record fields
+in `cbcert.runs.explanations` and the judge bundle in `cbcert.runs.bundle`.
 
 For the first ``num_inputs`` inputs of the std/cbm agreement set and every concept model m
 (``cbm``, ``cbmh``; and ``proto``, the prototype network, whose "concepts" are its prototypes —
@@ -44,6 +44,15 @@ value is "cited". Known-answer scores and concept counterfactuals do not apply t
 left out for every model on worlds without a known class rule (world directories:
 ``World.class_rule`` is None), where the rest runs as on built-in worlds.
 
+Concept models' records decompose the predicted logit (``logit``: ``value = concepts + bias``
+and, for PCBM-h, ``+ residual``, with the residual's share of the evidence ``|ρ_y| / (Σ_i
+|r_i W[y, i]| + |ρ_y|)``): cbmh is explained from its own head, the PCBM's W and b plus its
+residual on the embedding, so cbm and cbmh cite alike where they predict alike and differ by
+the residual's part.
+
+The inputs of the judge bundle (`cbcert.runs.bundle`) are drawn from the seed and written to
+``judge_subset.json`` right after the pool, before any explanation (pre-registration).
+
 Writes ``explanations.jsonl`` (one record per input and model) and ``summary.json`` (per model:
 means with percentile bootstrap 95 % intervals over inputs, seed-fixed), and returns the arrays
 of ``explain.png`` (the first inputs: image and bars, clean and perturbed), which the CLI draws
@@ -66,12 +75,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbcert.certify.smoothing import smoothing
-from cbcert.concepts import concept_state, flip_pairs
-from cbcert.engine.keys import Stream, sample_key, stream_key
+from cbcert.concepts import concept_state
+from cbcert.engine.keys import Stream, stream_key
 from cbcert.engine.noise import BernoulliFlips, FixedFlips, Gaussian, SphereShift
 from cbcert.engine.sampler import map_inputs, map_samples
 from cbcert.robustness import explain as ex
-from cbcert.runs import explanations
+from cbcert.runs import bundle, explanations
 from cbcert.runs.budgets import observer
 from cbcert.runs.certify import check_models
 from cbcert.runs.directory import EXPLANATIONS, RunSummary, json_line, write_json
@@ -100,6 +109,8 @@ class ExplainJob:
         drawn in ``explain.png`` (0: no figure).
       rho: also certify the cited concepts' signs under Bernoulli concept flips of c with
         probability ρ (Hamming radius ``flip_radius``, 1..K), or None.
+      judge_inputs: inputs of the judge bundle, 1..num_inputs (default min(20, num_inputs)),
+        pre-registered from the key before any explanation (`cbcert.runs.bundle`).
     """
 
     models: tuple[str, ...] = ("cbm", "cbmh", "proto")
@@ -116,11 +127,14 @@ class ExplainJob:
     figure_inputs: int = 4
     rho: float | None = None
     flip_radius: int = 1
+    judge_inputs: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "models", tuple(self.models))
         if self.radius is None:
             object.__setattr__(self, "radius", self.sigma / 4)
+        if self.judge_inputs is None and isinstance(self.num_inputs, int):
+            object.__setattr__(self, "judge_inputs", min(bundle.DEFAULT_INPUTS, self.num_inputs))
         validate("count", self.num_inputs, key="num_inputs")
         validate("eps", self.eps, key="eps")
         validate("count", self.tau, key="tau")
@@ -133,6 +147,11 @@ class ExplainJob:
         if self.rho is not None:
             validate("rho", self.rho, key="rho")
         validate("count", self.flip_radius, key="flip_radius")
+        validate("count", self.judge_inputs, key="judge_inputs")
+        if self.judge_inputs > self.num_inputs:
+            allowed = f"[1, num_inputs={self.num_inputs}]"
+            raise ConfigError(f"judge_inputs={self.judge_inputs}: allowed range {allowed}",
+                              key="judge_inputs", value=self.judge_inputs, allowed=allowed)
         if not (np.isfinite(self.radius) and self.radius >= 0):
             raise ConfigError(f"radius={self.radius!r}: allowed range [0, inf)", key="radius",
                               value=self.radius, allowed="[0, inf)")
@@ -157,6 +176,7 @@ def _observations(world, job: ExplainJob, pool, memory: dict, progress) -> dict[
     k = world.generator.num_concepts
     proto = PROTO in job.models
     latent = observer(world, "latent", job.models, True, prototypes=proto)
+    clean = observer(world, "latent", job.models, True, prototypes=proto, logits=True)
     concept = observer(world, "concept", job.models, True, prototypes=proto)
     concepts = encode_inputs(world, pool.latents, **memory)
     common = dict(indices=pool.indices, **memory)
@@ -207,24 +227,29 @@ def _observations(world, job: ExplainJob, pool, memory: dict, progress) -> dict[
             counts[name] = total(map_samples(positive_c, params, concepts, BernoulliFlips(k),
                                              stream_key(root, stream), size, scale=job.rho,
                                              **common))
-    return {"clean": map_inputs(latent, params, pool.latents, **memory),
+    return {"clean": map_inputs(clean, params, pool.latents, **memory),
             "clean_concept": map_inputs(concept, params, concepts, **memory),
             "eps": first(shifted), "tau": first(flipped), "counts": counts,
             "concepts": concepts}
 
 
 def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: dict,
-                     concepts: np.ndarray, weights: np.ndarray, memory: dict) -> dict:
-    """Counterfactual edits of model ``h``'s cited concepts (module docstring).
+                     concepts: np.ndarray, weights: np.ndarray, memory: dict,
+                     indices: np.ndarray) -> dict:
+    """Counterfactual edits of model ``h``'s cited concepts (module docstring), made by the
+    world's editor (`World.edit`; keys `cbcert.runs.explanations.edit_keys`).
 
     Args:
       cited: ``[N, k]`` the clean (autoencoded) explanation's concepts, ``-1`` padding.
       clean: concept-space observer outputs on the clean ``c`` (``pred``, ``state``).
       concepts: ``[N, 2K + U]`` the clean concept representations.
+      indices: ``[N]`` the inputs' global pool indices (the edits' keys).
 
     Returns:
       ``{"single": fields [N, k], "all": fields [N]}``, fields ``valid``, ``should_change``,
-      ``consistent``, ``faithful`` (NaN where undefined or the slot cites nothing).
+      ``consistent``, ``faithful`` (verified edits only) and ``consistent_unverified``,
+      ``faithful_unverified`` (every edit, as a study without verification would count it:
+      ``should_change`` from the asked targets); NaN where undefined or the slot cites nothing.
     """
     gen, k, rule = world.generator, world.generator.num_concepts, world.class_rule
     n, top = cited.shape
@@ -234,7 +259,8 @@ def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: d
     targets[:, top] = targets[:, :top].any(axis=1)
     used = targets.any(axis=2)  # [N, top + 1]
     flat_targets = targets.reshape(-1, k)
-    edited = np.asarray(flip_pairs(np.repeat(concepts, top + 1, axis=0), flat_targets, k))
+    edited = np.asarray(world.edit(explanations.edit_keys(job.seed, indices, top + 1),
+                                   np.repeat(concepts, top + 1, axis=0), flat_targets))
     model = (job.models[h],)
 
     def observe(p, c):
@@ -256,13 +282,16 @@ def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: d
     faithful = ex.faithfulness(np.where(present, e_after.concepts, -1), removed)
     keep = used.reshape(-1)
 
-    def field(values, defined=None):
-        mask = keep & valid if defined is None else keep & valid & defined
+    def field(values, defined=None, verified=True):
+        mask = keep & (valid if verified else True)
+        mask = mask if defined is None else mask & defined
         return np.where(mask, values.astype(np.float64), np.nan).reshape(n, top + 1)
 
     fields = {"valid": np.where(keep, valid, np.nan).reshape(n, top + 1),
               "should_change": field(should), "consistent": field(consistent),
-              "faithful": field(faithful, removed.any(axis=1))}
+              "faithful": field(faithful, removed.any(axis=1)),
+              "consistent_unverified": field(consistent, verified=False),
+              "faithful_unverified": field(faithful, removed.any(axis=1), verified=False)}
     return {"single": {f: v[:, :top] for f, v in fields.items()},
             "all": {f: v[:, top] for f, v in fields.items()}}
 
@@ -273,9 +302,34 @@ def _relevant(world, pool, state: np.ndarray) -> np.ndarray:
     return state.astype(bool) & world.class_rule.defining[pool.true_labels]
 
 
-def _cited(e: ex.Explanation, row: int, names, unit: str = "concept") -> list[dict]:
+def _cited(e: ex.Explanation, row: int, names, unit: str = "concept",
+           contrib: np.ndarray | None = None) -> list[dict]:
+    """The cited units of explanation ``row`` (with their contributions, given
+    ``contrib[N, units]``)."""
     return [{unit: int(i), "name": names[i], "share": float(s)}
+            | ({} if contrib is None else {"contribution": float(contrib[row, i])})
             for i, s in zip(e.concepts[row], e.shares[row], strict=True) if i >= 0]
+
+
+def _logit(clean: dict, h: int, contrib: np.ndarray, head: explanations.Head
+           ) -> dict[str, np.ndarray] | None:
+    """Decomposition of concept model ``h``'s predicted logit on the clean images (None for
+    prototypes): ``value = concepts + bias (+ residual)``, ``concepts = Σ_i r_i W[y, i]``,
+    ``bias = b_y``; for PCBM-h (``head.residual``) ``residual = value − concepts − bias`` is
+    its residual's logit ``ρ_y(e)`` and ``residual_share = |ρ_y| / (Σ_i |r_i W[y, i]| +
+    |ρ_y|)``, the residual's part of the evidence (bias left out: it does not depend on the
+    input). Each ``[N]``."""
+    if head.bias is None:
+        return None
+    y = clean["pred"][:, h]
+    value = np.take_along_axis(np.asarray(clean["logits"][:, h], np.float64), y[:, None],
+                               axis=1)[:, 0]
+    out = {"value": value, "concepts": contrib.sum(axis=1), "bias": head.bias[y]}
+    if head.residual:
+        out["residual"] = value - out["concepts"] - out["bias"]
+        out["residual_share"] = np.abs(out["residual"]) / (
+            np.abs(contrib).sum(axis=1) + np.abs(out["residual"]))
+    return out
 
 
 def _cited_only(cert: ex.ConceptCertificate) -> ex.ConceptCertificate:
@@ -321,10 +375,13 @@ class ExplanationFigure:
 
 
 def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: int | None = None,
-        max_memory: int | None = None) -> RunSummary:
+        max_memory: int | None = None, judge_bundle: bool = False) -> RunSummary:
     """Explain, perturb, certify and score (module docstring); returns the `RunSummary` with
     the figure's arrays as ``extras["figure"]`` (an `ExplanationFigure` to draw as `FIGURE`,
-    None with ``figure_inputs=0``): the caller draws it (the runner draws nothing).
+    None with ``figure_inputs=0``) and, with ``judge_bundle``, the judge bundle of the
+    pre-registered inputs as ``extras["bundle"]`` (a `cbcert.runs.bundle.JudgeBundle`, None
+    without): the caller draws and writes them (the runner draws nothing). The
+    pre-registered inputs are written to ``judge_subset.json`` before any explanation.
 
     ``progress(done, total)`` is called after each of the `STEPS` phases.
 
@@ -338,6 +395,9 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
     with session(out, "explain", {"explain": asdict(job) | {"models": list(job.models)},
                                   "world": world.name}, world) as directory:
         pool = agreement_pool(world, job.seed, job.num_inputs, **memory)
+        judged = bundle.draw_subset(job.seed, job.num_inputs, job.judge_inputs)
+        write_json(directory.path(bundle.SUBSET), bundle.subset_record(
+            job.seed, job.num_inputs, judged, pool.indices[judged]))
         report = progress or (lambda done, total: None)
         obs = _observations(world, job, pool, memory, report)
         heads = explanations.heads(world, job.models)
@@ -377,11 +437,14 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
                            ex.known_answer_score(expl["clean"].concepts, relevant))
                 edits = _counterfactuals(world, job, h, expl["clean_concept"].concepts,
                                          obs["clean_concept"], obs["concepts"], head.weights,
-                                         memory)
+                                         memory, pool.indices)
+            logit = _logit(obs["clean"], h, contrib["clean"], head)
             for row in range(job.num_inputs):
-                records.append(_record(pool, row, m, obs, h, expl, stability, certs, head,
-                                       quality, edits))
+                records.append(_record(pool, row, m, obs, h, expl, contrib, stability, certs,
+                                       head, quality, edits, logit))
             per_model[m] = _model_summary(stability, certs, quality, edits, job.seed)
+            if head.residual:
+                per_model[m]["residual_share"] = _interval(logit["residual_share"], job.seed)
             shown[m] = expl
         report(STEPS, STEPS)
         summary = {"settings": asdict(job) | {"models": list(job.models)}, "world": world.name,
@@ -390,7 +453,9 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
         # which marks the run finished.
         directory.path(RECORDS).write_text("".join(json_line(r) for r in records))
         figure = _figure(world, job, pool, obs, shown) if job.figure_inputs else None
-        return directory.finish(summary, figure=figure)
+        judges = (bundle.build(world, job, pool, obs["concepts"], records, judged,
+                               explanations.concept_names(world)) if judge_bundle else None)
+        return directory.finish(summary, figure=figure, bundle=judges)
 
 
 def _float(value) -> float | None:  # NaN (undefined) as JSON null
@@ -401,10 +466,11 @@ def _edit_fields(fields: dict, index) -> dict:
     return {name: None if np.isnan(v[index]) else bool(v[index]) for name, v in fields.items()}
 
 
-def _record(pool, row, model, obs, h, expl, stability, certs, head: explanations.Head, quality,
-            edits) -> dict:
-    """One input's record for one model; prototype records (``quality``/``edits`` None) cite
-    prototypes, and their certificates say ``cited_under_noise`` instead of ``sign``."""
+def _record(pool, row, model, obs, h, expl, contrib, stability, certs,
+            head: explanations.Head, quality, edits, logit) -> dict:
+    """One input's record for one model; prototype records (``quality``/``edits``/``logit``
+    None) cite prototypes, and their certificates say ``cited_under_noise`` instead of
+    ``sign``."""
     cited_clean = [int(i) for i in expl["clean"].concepts[row] if i >= 0]
     unit, names = head.unit, head.names
 
@@ -418,9 +484,9 @@ def _record(pool, row, model, obs, h, expl, stability, certs, head: explanations
         "index": int(pool.indices[row]), "model": model, "label": int(pool.labels[row]),
         "true_label": None if pool.true_labels is None else int(pool.true_labels[row]),
         "prediction": int(obs["clean"]["pred"][row, h]),
-        "cited": _cited(expl["clean"], row, names, unit),
+        "cited": _cited(expl["clean"], row, names, unit, contrib["clean"]),
         **{view: {"prediction": int(obs[view]["pred"][row, h]),
-                  "cited": _cited(expl[view], row, names, unit),
+                  "cited": _cited(expl[view], row, names, unit, contrib[view]),
                   "overlap": float(stability[view][0][row]),
                   "kendall": _float(stability[view][1][row])} for view in ("eps", "tau")},
         **{f"certified{suffix}": [certified(cert, i) for i in cited_clean]
@@ -428,6 +494,8 @@ def _record(pool, row, model, obs, h, expl, stability, certs, head: explanations
         **{f"all_certified{suffix}": bool(cert.all_certified[row])
            for suffix, cert in certs.items()},
     }
+    if logit is not None:
+        out["logit"] = {name: float(v[row]) for name, v in logit.items()}
     if quality is not None:
         cited_concept = expl["clean_concept"].concepts[row]
         out |= {"precision": _float(quality[0][row]), "recall": _float(quality[1][row]),
@@ -466,7 +534,7 @@ def _model_summary(stability, certs, quality, edits, seed) -> dict[str, Any]:
     for kind, fields in edits.items():
         valid = fields["valid"][~np.isnan(fields["valid"])]
         out[f"{kind}_edits"] = {"attempted": int(valid.size), "discarded": int((valid == 0).sum())}
-        for name in ("consistent", "faithful"):
+        for name in ("consistent", "faithful", "consistent_unverified", "faithful_unverified"):
             out[f"{kind}_{name}"] = _interval(np.asarray(fields[name], np.float64).ravel(), seed)
     return out
 
@@ -474,18 +542,7 @@ def _model_summary(stability, certs, quality, edits, seed) -> dict[str, Any]:
 def _figure(world, job, pool, obs, shown) -> ExplanationFigure:
     """The first inputs: clean, ε-shifted and τ-flipped images with the first model's bars."""
     count = min(job.figure_inputs, job.num_inputs)
-    params, root = world.params, jax.random.key(job.seed)
-    gen, k = world.generator, world.generator.num_concepts
-    shift, flips = world.noise(SphereShift(), "latent"), FixedFlips(k)
-    z, c = pool.latents[:count], obs["concepts"][:count]
-    keys = [(sample_key(stream_key(root, s), int(i), 0)) for s in (Stream.GEOMETRIC,
-                                                                   Stream.SEMANTIC)
-            for i in pool.indices[:count]]
-    z_shift = np.stack([shift.perturb(keys[r], z[r], job.eps) for r in range(count)])
-    c_flip = np.stack([flips.perturb(keys[count + r], c[r], job.tau) for r in range(count)])
-    images = {"clean": np.asarray(world.latent_images(params, z)),
-              "eps": np.asarray(world.latent_images(params, z_shift)),
-              "tau": np.asarray(gen.image_from_concepts(params["gen"], c_flip))}
+    images = bundle.view_images(world, job, pool, obs["concepts"], np.arange(count))
     model, h, rows = job.models[0], 0, []
     names = explanations.heads(world, (model,))[model].names
     for r in range(count):

@@ -12,7 +12,8 @@ With ``explain`` on, a perturb record carries, for every model m that explains (
 
 Contributions are ``a_i · W[y, i]`` (`Head`), y the model's own prediction on the (clean or
 perturbed) image: for cbm/cbmh a = r, the PCBM's concept scores, and W the world's concept head
-(`World.concept_head`; both share W, PCBM-h's residual on e cites no concept); for proto a = s,
+(`World.concept_head`; both share W, PCBM-h's residual on e cites no concept — `certify explain`
+reports its share of the logit); for proto a = s,
 its prototype similarities, and W its readout (`World.prototype_head`). Cost: the concept
 scores are already computed for DFS; proto's similarities are one more output of the observer
 (its backbone features are the ones the proto logits use); the host ranks K concepts (P
@@ -31,8 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from cbcert.engine.keys import Stream, sample_key, stream_key
 from cbcert.robustness import explain as ex
 from cbcert.robustness import stats
 from cbcert.schema import ConfigError
@@ -41,6 +45,16 @@ TOP_K = ex.DEFAULT_TOP_K
 PROTO = "proto"
 CONCEPT_MODELS = ("cbm", "cbmh")  # explained by the world's concepts
 EXPLAINED = (*CONCEPT_MODELS, PROTO)  # proto: by its prototypes
+
+
+def edit_keys(seed: int, indices: np.ndarray, slots: int) -> jax.Array:
+    """``[N · slots]`` keys of counterfactual edits (`World.edit`), input-major: edit slot j
+    of global input i draws from ``sample_key(stream_key(key(seed), EDIT), i, j)``, so an
+    edit's draws do not depend on the other inputs or on the model explained."""
+    stream = stream_key(jax.random.key(seed), Stream.EDIT)
+    i = jnp.repeat(jnp.asarray(indices, jnp.int32), slots)
+    j = jnp.tile(jnp.arange(slots, dtype=jnp.int32), len(indices))
+    return jax.vmap(lambda a, b: sample_key(stream, a, b))(i, j)
 
 
 def explained_models(models: Sequence[str]) -> tuple[str, ...]:
@@ -88,25 +102,33 @@ def concept_names(world) -> tuple[str, ...]:
 class Head:
     """What one explained model cites: ``unit`` (``concept`` or ``prototype``), the observer
     key of its activations (``scores``: concept scores r; ``prototypes``: similarities s), its
-    weights ``W[C, units]`` (float64), the units' names, and the key of its certificate
-    counts in `cbcert.runs.explain` (``signs`` / ``members``)."""
+    weights ``W[C, units]`` (float64), the units' names, the key of its certificate counts in
+    `cbcert.runs.explain` (``signs`` / ``members``), the head's bias ``b[C]`` (concept heads;
+    None for prototypes) and whether the model adds a residual on the embedding to ``r Wᵀ + b``
+    (``cbmh``, PCBM-h: its logit is ``Σ_i r_i W[y, i] + b_y + ρ_y(e)``)."""
 
     unit: str
     activations: str
     weights: np.ndarray
     names: tuple[str, ...]
     counts: str
+    bias: np.ndarray | None = None
+    residual: bool = False
 
 
 def heads(world, models: Sequence[str]) -> dict[str, Head]:
     """`Head` of every model of ``models`` that explains: ``cbm``/``cbmh`` by the world's
-    concepts (`World.concept_head`), ``proto`` by its prototypes (`World.prototype_head`,
+    concepts (`World.concept_head`; the cbmh's head is the same ``W, b`` plus its residual, as
+    PCBM-h is trained), ``proto`` by its prototypes (`World.prototype_head`,
     named ``p<j> (<class it was made for>)``)."""
     out = {}
     concept = [m for m in models if m in CONCEPT_MODELS]
     if concept:
-        shared = Head("concept", "scores", head(world), concept_names(world), "signs")
-        out |= {m: shared for m in concept}
+        w, b = world.concept_head(world.params["clf"])
+        w, b = np.asarray(w, np.float64), np.asarray(b, np.float64)
+        names = concept_names(world)
+        out |= {m: Head("concept", "scores", w, names, "signs", b, residual=m == "cbmh")
+                for m in concept}
     if PROTO in models:
         w, owner = world.prototype_head(world.params["clf"])
         names = tuple(f"p{j} ({world.class_names[int(c)]})" for j, c in enumerate(owner))
@@ -219,5 +241,5 @@ def summary(per_budget: Sequence[tuple[str, float, dict]], subsets: np.ndarray,
     return rows
 
 
-__all__ = ["CONCEPT_MODELS", "EXPLAINED", "PROTO", "TOP_K", "Head", "check",
+__all__ = ["CONCEPT_MODELS", "EXPLAINED", "PROTO", "TOP_K", "Head", "check", "edit_keys",
            "explained_models", "head", "heads", "measurements", "record_fields", "summary"]

@@ -10,6 +10,7 @@ preset's weights there over the shipped ones, so every runner loads what the use
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -23,6 +24,7 @@ from cbcert.generators.concept_world import ConceptWorld, ConceptWorldConfig, ma
 from cbcert.io import checkpoint
 from cbcert.models.world_classifiers import HEADS, NetConfig, WorldClassifiers
 from cbcert.schema import shorten
+from cbcert.worlds.editors import EditorDefects, imperfect_editor
 from cbcert.worlds.world import ClassRule, World
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"  # shipped with the package, read only
@@ -125,17 +127,36 @@ def _module_of(graphdef, state):
     return module
 
 
+# Worlds that are a preset with another concept editor (`cbcert.worlds.editors`): same
+# generator, classifiers and weights; counterfactual edits fail or leak as designed.
+EDITOR_VARIANTS = {"imperfect-editor": ("default", EditorDefects(fail=0.2, leak=0.1))}
+
+
 def load_builtin(preset: str = "default", weights: str | Path | None = None) -> World:
     """Load a built-in world preset with its trained classifiers.
 
+    ``imperfect-editor`` (`EDITOR_VARIANTS`) is ``default`` whose counterfactual editor fails
+    per target concept with probability 0.2 and otherwise leaks to the concept's partner with
+    probability 0.1 (`cbcert.worlds.editors.imperfect_editor`; ``metadata["editor"]``).
+
     Args:
-      preset: world preset (``ConceptWorldConfig.from_preset``).
+      preset: world preset (``ConceptWorldConfig.from_preset``) or editor variant.
       weights: checkpoint directory; default `weights_path` (the user's trained weights for
         ``preset`` if any, else the shipped ones).
     Raises:
       ValueError (``CheckpointError``) if the weights are missing, corrupted or do not match.
     """
-    config = ConceptWorldConfig.from_preset(preset)
+    if preset in EDITOR_VARIANTS:
+        base, defects = EDITOR_VARIANTS[preset]
+        world = load_builtin(base, weights)
+        return dataclasses.replace(
+            world, name=f"builtin:{preset}",
+            editor=imperfect_editor(world.generator.num_concepts, defects),
+            metadata={**world.metadata, "editor": dataclasses.asdict(defects)})
+    try:
+        config = ConceptWorldConfig.from_preset(preset)
+    except ValueError as err:
+        raise ValueError(f"{err}; editor variants: {', '.join(EDITOR_VARIANTS)}") from None
     path = Path(weights) if weights is not None else weights_path(preset)
     if not (path / checkpoint.MANIFEST).is_file():
         where = path if weights is not None else f"{user_path(preset)} or {shipped_path(preset)}"

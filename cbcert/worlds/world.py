@@ -74,6 +74,9 @@ class World:
       class_rule: the `ClassRule` deciding the class from the concepts (known-answer scores
         and counterfactuals of explanations); None where the world does not know it (world
         directories, pixels).
+      editor: the concept editor of counterfactual edits, ``(key, c[2K + U], targets bool[K])
+        -> c'`` (`cbcert.worlds.editors`); None: the perfect editor (the targets' logit pairs
+        swapped).
     """
 
     name: str
@@ -91,6 +94,7 @@ class World:
     prototypes: Callable[[Params, jax.Array], jax.Array] | None = None
     prototype_head: Callable[[Params], tuple[jax.Array, jax.Array]] | None = None
     class_rule: ClassRule | None = None
+    editor: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -100,6 +104,14 @@ class World:
     def params(self) -> dict:
         """Parameters of every ``apply`` function below: ``{"gen": …, "clf": …}``."""
         return {"gen": self.generator.params, "clf": self.classifier_params}
+
+    def edit(self, keys: jax.Array, c: jax.Array, targets: jax.Array) -> jax.Array:
+        """Counterfactual edits ``c'[B, 2K + U]`` of ``c[B, 2K + U]`` flipping ``targets
+        bool[B, K]``, edit b drawing from ``keys[b]`` (the world's `editor`, mapped)."""
+        from cbcert.worlds.editors import perfect_editor
+
+        editor = self.editor or perfect_editor(self.generator.num_concepts)
+        return jax.vmap(editor)(keys, c, jnp.asarray(targets, bool))
 
     def check_models(self, models: tuple[str, ...]) -> tuple[str, ...]:
         """Validate model names (`ConfigError`, key ``models``, naming the unknown and allowed)."""
