@@ -51,6 +51,7 @@ from cbcert.engine.sampler import count_classes  # noqa: E402
 from cbcert.io import checkpoint, registry  # noqa: E402
 from cbcert.models.pcbm import PCBM, PCBMConfig  # noqa: E402
 from cbcert.models.pixpnet import PixPNet, PixPNetConfig  # noqa: E402
+from cbcert.runs import explanations  # noqa: E402
 from cbcert.schema import ConfigError  # noqa: E402
 from cbcert.worlds.directory import (  # noqa: E402
     build_generator,
@@ -335,6 +336,40 @@ def test_a_world_directory_explains_by_its_pcbm_head_and_pixpnet_readout(world, 
         assert len(r["certified"]) == len(r["cited"]) >= 1
         if r["model"] == "cbm":  # the PCBM's own concept bank (K = 2 here), not the CB-AE's
             assert {c["name"] for c in r["cited"]} <= {"concept 0", "concept 1"}
+
+
+def test_a_world_directory_edits_the_cited_concepts_its_generator_names(world_dir, tmp_path):
+    """A PCBM whose concept bank names a CB-AE concept ("b") gets counterfactual edits of that
+    concept on a world directory (an unnamed one, "zzz", is not edited), verified by the
+    CB-AE's own read-out E(D(c')), which for these random weights is far from exact: edits
+    are rejected; no class rule, so consistency is undefined (null) while faithfulness is
+    scored."""
+    root = tmp_path / "named"
+    root.mkdir()
+    for part in world_dir.iterdir():
+        if part.name not in ("world.json", "cbm"):
+            (root / part.name).symlink_to(part)
+    cbm, _ = registry.load_module(world_dir / "cbm")
+    registry.save_module(root / "cbm", "pcbm", cbm, {"sources": {}, "concept_names": ["b", "zzz"]})
+    (root / "world.json").write_text(json.dumps(MANIFEST))
+    world = load_world_dir(root)
+    assert world.generator.concept_names[1] == "b"
+    np.testing.assert_array_equal(explanations.edit_mapping(world), [1, -1])
+    out = tmp_path / "explain"
+    result = CliRunner().invoke(cli.main, ["explain", "--world", str(root), "--models", "cbm",
+                                           "--inputs", "6", "--n0", "5", "--n", "10",
+                                           "--figure-inputs", "0", "--chunk-size", "8",
+                                           "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (out / "explanations.jsonl").read_text().splitlines()]
+    edits = [e for r in records for e in r["counterfactuals"]["single"]]
+    assert edits and {e["concept"] for e in edits} == {0}  # "b" is PCBM concept 0
+    assert all(e["should_change"] is None and e["consistent"] is None for e in edits)
+    assert all("f1" not in r for r in records)  # no class rule: no known answer
+    summary = json.loads((out / "summary.json").read_text())["models"]["cbm"]
+    assert summary["single_edits"]["attempted"] == len(edits)
+    assert summary["single_edits"]["discarded"] == sum(not e["valid"] for e in edits) > 0
+    assert summary["single_consistent"] is None and "f1" not in summary
 
 
 def test_cbmh_is_explained_by_the_cbm_head_only_if_it_shares_the_bottleneck(world_dir):

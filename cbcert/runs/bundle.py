@@ -47,7 +47,7 @@ import numpy as np
 from cbcert.engine.keys import Stream, sample_key, stream_key
 from cbcert.engine.noise import FixedFlips, SphereShift
 from cbcert.robustness.explain import JUDGE_RANGE
-from cbcert.runs.explanations import edit_keys
+from cbcert.runs.explanations import edit_keys, edit_mapping
 
 FORMAT = "cbcert-judge-bundle"
 VERSION = 1
@@ -143,8 +143,9 @@ def build(world, job, pool, concepts: np.ndarray, records: list[dict], positions
     paths: dict[str, np.ndarray] = {}
     items, answers = [], []
     judged = pool.indices[positions]
+    mapping = edit_mapping(world)
     edits = {m: _edits(world, job, m, concepts[positions], judged,
-                       [by_key[(int(i), m)] for i in judged])
+                       [by_key[(int(i), m)] for i in judged], mapping)
              for m in job.models if by_key[(int(pool.indices[0]), m)].get("counterfactuals")}
     for row, index in enumerate(int(i) for i in pool.indices[positions]):
         shown = {}
@@ -187,7 +188,7 @@ def build(world, job, pool, concepts: np.ndarray, records: list[dict], positions
 
 
 def _edits(world, job, model: str, concepts: np.ndarray, indices: np.ndarray,
-           records: list[dict]):
+           records: list[dict], mapping: np.ndarray):
     """Per record: the image of its "all cited concepts" counterfactual edit (the world's
     editor with the run's key of that edit: slot ``top_k``), those concepts, and ``model``'s
     prediction there."""
@@ -196,7 +197,7 @@ def _edits(world, job, model: str, concepts: np.ndarray, indices: np.ndarray,
     flipped = []
     for row, r in enumerate(records):
         flipped.append([e["concept"] for e in r["counterfactuals"]["single"]])
-        targets[row, flipped[-1]] = True
+        targets[row, mapping[flipped[-1]]] = True
     slots = job.top_k + 1
     keys = edit_keys(job.seed, indices, slots)[slots - 1::slots]
     c = world.edit(keys, jnp.asarray(concepts), jnp.asarray(targets))

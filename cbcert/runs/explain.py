@@ -40,9 +40,11 @@ prototype, the smoothed indicator "cited by the explanation of the noisy image's
 prediction" (`cbcert.robustness.explain.top_k_members` on device), selected and tested exactly
 as a concept sign (Holm over the cited prototypes), claimed stable only where the selected
 value is "cited". Known-answer scores and concept counterfactuals do not apply to prototypes
-(they name no concept of the world) and are left out of its records and summary; they are
-left out for every model on worlds without a known class rule (world directories:
-``World.class_rule`` is None), where the rest runs as on built-in worlds.
+(they name no concept of the world) and are left out of its records and summary. Known-answer
+scores are left out for every model on worlds without a known class rule (world directories:
+``World.class_rule`` is None); counterfactuals edit the cited concepts the generator names
+(`cbcert.runs.explanations.edit_mapping`: all of them on built-in worlds, the CB-AE's concepts
+of the same name on world directories), with consistency undefined without a class rule.
 
 Concept models' records decompose the predicted logit (``logit``: ``value = concepts + bias``
 and, for PCBM-h, ``+ residual``, with the residual's share of the evidence ``|ρ_y| / (Σ_i
@@ -235,7 +237,7 @@ def _observations(world, job: ExplainJob, pool, memory: dict, progress) -> dict[
 
 def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: dict,
                      concepts: np.ndarray, weights: np.ndarray, memory: dict,
-                     indices: np.ndarray) -> dict:
+                     indices: np.ndarray, mapping: np.ndarray) -> dict:
     """Counterfactual edits of model ``h``'s cited concepts (module docstring), made by the
     world's editor (`World.edit`; keys `cbcert.runs.explanations.edit_keys`).
 
@@ -244,18 +246,23 @@ def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: d
       clean: concept-space observer outputs on the clean ``c`` (``pred``, ``state``).
       concepts: ``[N, 2K + U]`` the clean concept representations.
       indices: ``[N]`` the inputs' global pool indices (the edits' keys).
+      mapping: ``[units]`` the generator concept of each cited unit, ``-1`` where none
+        (`cbcert.runs.explanations.edit_mapping`): unmapped concepts are not edited.
 
     Returns:
       ``{"single": fields [N, k], "all": fields [N]}``, fields ``valid``, ``should_change``,
       ``consistent``, ``faithful`` (verified edits only) and ``consistent_unverified``,
       ``faithful_unverified`` (every edit, as a study without verification would count it:
-      ``should_change`` from the asked targets); NaN where undefined or the slot cites nothing.
+      ``should_change`` from the asked targets); NaN where undefined (consistency without a
+      class rule) or the slot edits nothing.
     """
     gen, k, rule = world.generator, world.generator.num_concepts, world.class_rule
     n, top = cited.shape
     targets = np.zeros((n, top + 1, k), bool)  # slot j < top: concept j alone; top: all
     rows, slots = np.nonzero(cited >= 0)
-    targets[rows, slots, cited[rows, slots]] = True
+    edited_concept = mapping[cited[rows, slots]]
+    ok = edited_concept >= 0
+    targets[rows[ok], slots[ok], edited_concept[ok]] = True
     targets[:, top] = targets[:, :top].any(axis=1)
     used = targets.any(axis=2)  # [N, top + 1]
     flat_targets = targets.reshape(-1, k)
@@ -272,14 +279,19 @@ def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: d
     out = map_inputs(observe, world.params, edited, **memory)
     before = np.repeat(clean["state"], top + 1, axis=0)
     valid = ex.verify_edit(before, out["readout"], flat_targets)
-    should = (np.asarray(rule.label(jnp.asarray(flat_targets ^ before)))
-              != np.asarray(rule.label(jnp.asarray(before))))
     pred_before = np.repeat(clean["pred"][:, h], top + 1)
-    consistent = ex.counterfactual_consistency(pred_before, out["pred"], should)
+    if rule is None:  # no class rule: whether the class should change is unknown
+        should = consistent = np.full(len(flat_targets), np.nan)
+    else:
+        should = (np.asarray(rule.label(jnp.asarray(flat_targets ^ before)))
+                  != np.asarray(rule.label(jnp.asarray(before))))
+        consistent = ex.counterfactual_consistency(pred_before, out["pred"], should)
     e_after = ex.explain(ex.contributions(out["scores"], weights, out["pred"]), job.top_k)
     removed = flat_targets & before
-    present = np.take_along_axis(out["scores"] > 0, np.maximum(e_after.concepts, 0), axis=1)
-    faithful = ex.faithfulness(np.where(present, e_after.concepts, -1), removed)
+    after = e_after.concepts
+    present = np.take_along_axis(out["scores"] > 0, np.maximum(after, 0), axis=1)
+    as_edited = np.where(after >= 0, mapping[np.maximum(after, 0)], -1)  # generator concepts
+    faithful = ex.faithfulness(np.where(present & (after >= 0), as_edited, -1), removed)
     keep = used.reshape(-1)
 
     def field(values, defined=None, verified=True):
@@ -402,6 +414,7 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
         obs = _observations(world, job, pool, memory, report)
         heads = explanations.heads(world, job.models)
         known = world.class_rule is not None
+        mapping = explanations.edit_mapping(world)
         relevant = _relevant(world, pool, obs["clean"]["state"]) if known else None
         records, per_model, shown = [], {}, {}
         for h, m in enumerate(job.models):
@@ -429,15 +442,15 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
                     rule=smoothing("bernoulli").radius_rule(job.rho, world.generator.num_concepts))
             if m == PROTO:
                 certs = {suffix: _cited_only(cert) for suffix, cert in certs.items()}
-            if m == PROTO or not known:
-                quality = edits = None
-            else:
+            quality = edits = None
+            if m != PROTO and known:
                 precision, recall = ex.cited_precision_recall(expl["clean"].concepts, relevant)
                 quality = (precision, recall,
                            ex.known_answer_score(expl["clean"].concepts, relevant))
+            if m != PROTO and mapping is not None:
                 edits = _counterfactuals(world, job, h, expl["clean_concept"].concepts,
                                          obs["clean_concept"], obs["concepts"], head.weights,
-                                         memory, pool.indices)
+                                         memory, pool.indices, mapping)
             logit = _logit(obs["clean"], h, contrib["clean"], head)
             for row in range(job.num_inputs):
                 records.append(_record(pool, row, m, obs, h, expl, contrib, stability, certs,
@@ -497,13 +510,15 @@ def _record(pool, row, model, obs, h, expl, contrib, stability, certs,
     if logit is not None:
         out["logit"] = {name: float(v[row]) for name, v in logit.items()}
     if quality is not None:
-        cited_concept = expl["clean_concept"].concepts[row]
         out |= {"precision": _float(quality[0][row]), "recall": _float(quality[1][row]),
-                "f1": float(quality[2][row]),
-                "counterfactuals": {
-                    "single": [{"concept": int(i), **_edit_fields(edits["single"], (row, j))}
-                               for j, i in enumerate(cited_concept) if i >= 0],
-                    "all": _edit_fields(edits["all"], row)}}
+                "f1": float(quality[2][row])}
+    if edits is not None:  # the cited concepts the generator can edit (edit_mapping)
+        cited_concept = expl["clean_concept"].concepts[row]
+        out["counterfactuals"] = {
+            "single": [{"concept": int(i), **_edit_fields(edits["single"], (row, j))}
+                       for j, i in enumerate(cited_concept)
+                       if i >= 0 and not np.isnan(edits["single"]["valid"][row, j])],
+            "all": _edit_fields(edits["all"], row)}
     return out
 
 
@@ -527,11 +542,10 @@ def _model_summary(stability, certs, quality, edits, seed) -> dict[str, Any]:
             warnings.simplefilter("ignore", RuntimeWarning)
             radius = np.nanmean(np.where(cert.sign != 0, cert.radius, np.nan), axis=1)
         out[f"mean_certified_radius{suffix}"] = _interval(radius, seed)
-    if quality is None:
-        return out
-    for name, values in zip(("precision", "recall", "f1"), quality, strict=True):
-        out[name] = _interval(np.asarray(values, np.float64), seed)
-    for kind, fields in edits.items():
+    if quality is not None:
+        for name, values in zip(("precision", "recall", "f1"), quality, strict=True):
+            out[name] = _interval(np.asarray(values, np.float64), seed)
+    for kind, fields in (edits or {}).items():
         valid = fields["valid"][~np.isnan(fields["valid"])]
         out[f"{kind}_edits"] = {"attempted": int(valid.size), "discarded": int((valid == 0).sum())}
         for name in ("consistent", "faithful", "consistent_unverified", "faithful_unverified"):

@@ -98,6 +98,19 @@ def concept_names(world) -> tuple[str, ...]:
     return tuple(names) if names else tuple(world.generator.concept_names)
 
 
+def edit_mapping(world) -> np.ndarray | None:
+    """``[units]`` int: the generator concept each concept of the CBM names (the same name;
+    ``-1`` where the generator has none), so that a cited concept can be edited in the
+    generator's concept space; None when none can (a generator without concepts, or no name in
+    common). On built-in worlds the PCBM reads the generator's own concepts: the identity."""
+    gen = world.generator
+    if not gen.num_concepts or world.concept_head is None:
+        return None
+    index = {name: i for i, name in enumerate(gen.concept_names)}
+    mapping = np.array([index.get(name, -1) for name in concept_names(world)], np.int64)
+    return mapping if (mapping >= 0).any() else None
+
+
 @dataclass(frozen=True)
 class Head:
     """What one explained model cites: ``unit`` (``concept`` or ``prototype``), the observer
@@ -242,4 +255,5 @@ def summary(per_budget: Sequence[tuple[str, float, dict]], subsets: np.ndarray,
 
 
 __all__ = ["CONCEPT_MODELS", "EXPLAINED", "PROTO", "TOP_K", "Head", "check", "edit_keys",
-           "explained_models", "head", "heads", "measurements", "record_fields", "summary"]
+           "edit_mapping", "explained_models", "head", "heads", "measurements",
+           "record_fields", "summary"]
