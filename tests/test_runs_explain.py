@@ -395,3 +395,16 @@ def test_an_imperfect_editor_is_caught_by_edit_verification(tmp_path):
     assert 0 < rejected < attempted
     assert result.summary["models"]["cbm"]["single_edits"] == {"attempted": attempted,
                                                                "discarded": rejected}
+
+
+def test_a_rerun_may_draw_another_judge_subset(finished, world):
+    """--judge-inputs changes the bundle, not the records: a rerun into the same directory with
+    another value is accepted and re-registers its subset before the explanations."""
+    out = finished[0]
+    run(world, replace(JOB, judge_inputs=3, rho=None), out / "again", chunk_size=64)
+    run(world, replace(JOB, judge_inputs=2, rho=None), out / "again", chunk_size=64)
+    registered = json.loads((out / "again" / bundle.SUBSET).read_text())
+    assert registered["positions"] == draw_subset(1, 6, 2).tolist()
+    with pytest.raises(ValueError, match="eps"):  # a setting of the records is still pinned
+        run(world, replace(JOB, judge_inputs=2, rho=None, eps=0.2), out / "again",
+            chunk_size=64)

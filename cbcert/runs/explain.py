@@ -404,8 +404,10 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
     world.check_models(("std", "cbm"))
     check(world, job)
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
+    # judge_inputs chooses the bundle's inputs, not any record: recorded, left free on a rerun.
     with session(out, "explain", {"explain": asdict(job) | {"models": list(job.models)},
-                                  "world": world.name}, world) as directory:
+                                  "world": world.name}, world,
+                 free=("explain.judge_inputs",)) as directory:
         pool = agreement_pool(world, job.seed, job.num_inputs, **memory)
         judged = bundle.draw_subset(job.seed, job.num_inputs, job.judge_inputs)
         write_json(directory.path(bundle.SUBSET), bundle.subset_record(
