@@ -29,16 +29,20 @@ def world():
     return load_builtin("imperfect-editor")
 
 
-def _edits(world, n, m, seed):
-    """``n`` edits of m random targets on latents of the world: (before, after) read-outs and
-    targets, each ``[n, K]`` bool, through the world's editor."""
+def _edits(world, n, m, seed, pairs=False):
+    """``n`` edits on latents of the world: (before, after) read-outs and targets, each ``[n,
+    K]`` bool, through the world's editor. Targets: one concept from each of m random partner
+    pairs (no two targets partners), or with ``pairs`` both concepts of m random pairs."""
     gen, params = world.generator, world.params["gen"]
     z = jax.random.normal(jax.random.key(seed), (n, gen.latent_dim))
     c = gen.concepts(params, z)
     rng = np.random.default_rng(seed)
     targets = np.zeros((n, K), bool)
     for row in range(n):
-        targets[row, rng.choice(K, m, replace=False)] = True
+        chosen = 2 * rng.choice(K // 2, m, replace=False)
+        targets[row, chosen if pairs else chosen + rng.integers(0, 2, m)] = True
+        if pairs:
+            targets[row, chosen + 1] = True
     keys = jax.random.split(jax.random.key(seed + 1), n)
     edited = world.edit(keys, c, targets)
     read = concept_state(gen.encode(params, gen.decode(params, edited)), K)
@@ -67,15 +71,17 @@ def test_applied_flips_are_targets_or_their_partners():
     assert (flipped != targets).any()  # some failed or leaked
 
 
-@pytest.mark.parametrize("m", [1, 3])
-def test_rejected_share_is_the_designed_one(world, m):
-    """Over 4,000 edits of m targets each, verification (the generator's read-out) accepts a
-    share whose count is Binomial(4000, ((1 − fail)(1 − leak))^m) under the design; the
-    two-sided acceptance region holds 1 − 10⁻⁶ of it (failure probability 10⁻⁶, fixed
-    keys)."""
-    before, after, targets = _edits(world, 4000, m, seed=10 + m)
+@pytest.mark.parametrize("m,pairs,designed", [(1, False, 0.8 * 0.9), (3, False, 0.72**3),
+                                               (2, True, 0.8**4)])
+def test_accepted_share_is_the_designed_one(world, m, pairs, designed):
+    """Over 4,000 edits, verification (the generator's read-out) accepts a share whose count is
+    Binomial(4000, P(valid)) under the design: ((1 − fail)(1 − leak))^m for m targets no two of
+    them partners, (1 − fail)^4 for two partner pairs (a leak onto a target does nothing); the
+    two-sided region holds 1 − 10⁻⁶ of it (failure probability 10⁻⁶ each, fixed keys)."""
+    before, after, targets = _edits(world, 4000, m, seed=10 + m, pairs=pairs)
+    np.testing.assert_allclose(designed_validity(DEFECTS, targets), designed)
     valid = verify_edit(before, after, targets).sum()
-    low, high = scipy.stats.binom.interval(1 - 1e-6, 4000, designed_validity(DEFECTS, m))
+    low, high = scipy.stats.binom.interval(1 - 1e-6, 4000, designed)
     assert low <= valid <= high, (valid, low, high)
 
 
@@ -118,5 +124,9 @@ def test_bad_defects_and_odd_vocabularies_are_refused():
         EditorDefects(0.0, -0.1)
     with pytest.raises(ValueError, match="must be even"):
         partners(7)
-    assert designed_validity(DEFECTS, 2) == pytest.approx((0.8 * 0.9) ** 2)
+    two = np.zeros(K, bool)
+    two[[0, 2]] = True  # not partners
+    assert designed_validity(DEFECTS, two) == pytest.approx((0.8 * 0.9) ** 2)
+    two[[2, 1]] = [False, True]  # partners 0 and 1
+    assert designed_validity(DEFECTS, two) == pytest.approx(0.8**2)
     assert jnp.array_equal(partners(4), jnp.array([1, 0, 3, 2]))

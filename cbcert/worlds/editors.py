@@ -10,12 +10,14 @@ a controlled way, independently per target concept i of each edit:
 
 * with probability ``fail`` the flip of i does not happen (i keeps its state);
 * otherwise, with probability ``leak``, the edit leaks: i's correlated partner ``i ⊕ 1`` (the
-  concepts are paired 0↔1, 2↔3, …: blue↔stripes, large↔outline, …) flips too.
+  concepts are paired 0↔1, 2↔3, …: blue↔stripes, large↔outline, …) flips too — when the
+  partner is not a target itself (a leak onto a target has no effect).
 
-A partner is unique and symmetric, so two leaks never cancel on a concept that is not a
-target, and an edit of m targets is exactly what was asked iff none of them failed or leaked:
-``P(valid) = ((1 − fail)(1 − leak))^m`` (`designed_validity`), whatever the targets are. The
-draws come from the edit's key: two ``[K]`` uniforms.
+A leak lands only on a non-target, and a partner is unique, so leaks never cancel and never
+undo a failure: an edit comes out exactly as asked iff no target failed and none leaked,
+``P(valid) = (1 − fail)^m (1 − leak)^f`` for m targets of which f have a partner outside the
+targets (`designed_validity`; ``((1 − fail)(1 − leak))^m`` when no two targets are partners).
+The draws come from the edit's key: two ``[K]`` uniforms.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cbcert.concepts import flip_pairs
 
@@ -62,23 +65,27 @@ class EditorDefects:
                 raise ValueError(f"{name}={value!r} must be in [0, 1)")
 
 
-def designed_validity(defects: EditorDefects, targets: int) -> float:
-    """``((1 − fail)(1 − leak))^m``: the probability that an edit of ``m = targets`` concepts
-    comes out exactly as asked."""
-    return ((1.0 - defects.fail) * (1.0 - defects.leak)) ** targets
+def designed_validity(defects: EditorDefects, targets) -> np.ndarray:
+    """``(1 − fail)^m (1 − leak)^f``: the probability that an edit of the ``targets bool[...,
+    K]`` comes out exactly as asked (m targets, f of them with their partner outside the
+    targets); ``[...]`` float64."""
+    targets = np.asarray(targets, bool)
+    free = targets & ~targets[..., np.asarray(partners(targets.shape[-1]))]
+    return ((1.0 - defects.fail) ** targets.sum(axis=-1)
+            * (1.0 - defects.leak) ** free.sum(axis=-1))
 
 
 def imperfect_editor(num_concepts: int, defects: EditorDefects) -> Editor:
     """The editor with ``defects`` (module docstring): ``edit(key, c[2K + U], targets
     bool[K]) -> c'``, the flips actually applied being ``(targets ∧ ¬failed) ⊕
-    partner-of(targets ∧ ¬failed ∧ leaked)``."""
+    partner-of(targets ∧ ¬failed ∧ leaked ∧ partner not a target)``."""
     mate = partners(num_concepts)
 
     def edit(key, c, targets):
         targets = jnp.asarray(targets, bool)
         draw_fail, draw_leak = jax.random.uniform(key, (2, *targets.shape))
         done = targets & (draw_fail >= defects.fail)  # [B, K]
-        leaked = done & (draw_leak < defects.leak)
+        leaked = done & (draw_leak < defects.leak) & ~targets[..., mate]
         spill = jnp.zeros_like(done).at[..., mate].set(leaked)  # partner of each leaked i
         return flip_pairs(c, done ^ spill, num_concepts)
 
