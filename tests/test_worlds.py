@@ -372,6 +372,56 @@ def test_a_world_directory_edits_the_cited_concepts_its_generator_names(world_di
     assert summary["single_consistent"] is None and "f1" not in summary
 
 
+def test_a_concept_classifier_verifies_edits_on_the_edited_image(world_dir, tmp_path):
+    """With ``concept_classifier`` in world.json, an edit is valid iff the classifier's reading
+    of the edited image is its reading of the clean image with the targets flipped
+    (recomputed here: a directory's editor is the pair swap); a classifier whose outputs are
+    not the generator's concepts is refused naming the key."""
+    from cbcert.concepts import flip_pairs
+    from cbcert.runs.pool import agreement_pool
+
+    root = tmp_path / "cc-world"
+    root.mkdir()
+    for part in world_dir.iterdir():
+        if part.name not in ("world.json", "cbm"):
+            (root / part.name).symlink_to(part)
+    cbm, _ = registry.load_module(world_dir / "cbm")
+    registry.save_module(root / "cbm", "pcbm", cbm, {"sources": {}, "concept_names": ["b", "a"]})
+    torch.save(torch_resnet("resnet18", 3, seed=4).state_dict(), root / "cc.pth")
+    convert("resnet18", root / "cc.pth", root / "cc")
+    (root / "world.json").write_text(json.dumps({**MANIFEST, "concept_classifier": "cc"}))
+    world = load_world_dir(root)
+    out = tmp_path / "explain"
+    result = CliRunner().invoke(cli.main, ["explain", "--world", str(root), "--models", "cbm",
+                                           "--inputs", "4", "--n0", "5", "--n", "10",
+                                           "--figure-inputs", "0", "--chunk-size", "8",
+                                           "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    gen, params = world.generator, world.params
+    z = jnp.asarray(agreement_pool(world, 0, 4).latents)
+    c = gen.concepts(params["gen"], z)
+
+    def read(concepts):
+        return np.asarray(world.concept_readout(params["clf"], gen.image_from_concepts(
+            params["gen"], concepts)))
+
+    clean, mapping = read(c), explanations.edit_mapping(world)
+    records = [json.loads(line) for line in (out / "explanations.jsonl").read_text().splitlines()]
+    checked = 0
+    for row, r in enumerate(records):
+        for edit in r["counterfactuals"]["single"]:
+            targets = np.zeros((1, 3), bool)
+            targets[0, mapping[edit["concept"]]] = True
+            after = read(flip_pairs(c[row][None], jnp.asarray(targets), 3))
+            assert edit["valid"] == bool((after == (clean[row] ^ targets)).all())
+            checked += 1
+    assert checked >= 4
+    (root / "world.json").write_text(json.dumps({**MANIFEST, "concept_classifier": "std"}))
+    with pytest.raises(ValueError, match="concept_classifier outputs 2 logits; the generator "
+                                         "has 3 concepts"):
+        load_world_dir(root)
+
+
 def test_cbmh_is_explained_by_the_cbm_head_only_if_it_shares_the_bottleneck(world_dir):
     """PCBM-h keeps the PCBM's backbone, CAVs and head and adds a residual: then the cbm's
     concept head explains both; a cbmh with another CAV does not share it."""

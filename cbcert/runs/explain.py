@@ -239,7 +239,10 @@ def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: d
                      concepts: np.ndarray, weights: np.ndarray, memory: dict,
                      indices: np.ndarray, mapping: np.ndarray) -> dict:
     """Counterfactual edits of model ``h``'s cited concepts (module docstring), made by the
-    world's editor (`World.edit`; keys `cbcert.runs.explanations.edit_keys`).
+    world's editor (`World.edit`; keys `cbcert.runs.explanations.edit_keys`) and verified by
+    the world's concept classifier on the edited image against its reading of the clean one
+    (`World.concept_readout`, world directories that name one), else by the generator's
+    read-out ``C(E(D(c')))`` against ``C(c)``.
 
     Args:
       cited: ``[N, k]`` the clean (autoencoded) explanation's concepts, ``-1`` padding.
@@ -270,14 +273,22 @@ def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: d
                                    np.repeat(concepts, top + 1, axis=0), flat_targets))
     model = (job.models[h],)
 
+    def read(p, c, image):  # the concept classifier on the image, or the generator's C(E(D(c)))
+        if world.concept_readout is not None:
+            return world.concept_readout(p["clf"], image)
+        return concept_state(gen.encode(p["gen"], gen.decode(p["gen"], c)), k)
+
     def observe(p, c):
         image = gen.image_from_concepts(p["gen"], c)
         return {"pred": jnp.argmax(world.classify(p["clf"], image, model)[:, 0], axis=-1),
-                "readout": concept_state(gen.encode(p["gen"], gen.decode(p["gen"], c)), k),
-                "scores": world.concept_scores(p["clf"], image)}
+                "readout": read(p, c, image), "scores": world.concept_scores(p["clf"], image)}
 
     out = map_inputs(observe, world.params, edited, **memory)
-    before = np.repeat(clean["state"], top + 1, axis=0)
+    state = clean["state"]  # C(c); a concept classifier reads the clean image itself
+    if world.concept_readout is not None:
+        state = map_inputs(lambda p, c: read(p, c, gen.image_from_concepts(p["gen"], c)),
+                           world.params, concepts, **memory)
+    before = np.repeat(np.asarray(state), top + 1, axis=0)
     valid = ex.verify_edit(before, out["readout"], flat_targets)
     pred_before = np.repeat(clean["pred"][:, h], top + 1)
     if rule is None:  # no class rule: whether the class should change is unknown

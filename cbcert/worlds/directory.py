@@ -308,6 +308,13 @@ def load_world_dir(path: str | Path) -> World:
     def prototype_head(p):
         return apply_fns["proto:head"](p["proto"], None)
 
+    concept_readout = None
+    if spec.concept_classifier is not None:
+        read, params[CONCEPT_CLASSIFIER] = _concept_classifier(spec, generator)
+
+        def concept_readout(p, x):
+            return read(p[CONCEPT_CLASSIFIER], preprocess(x)) > 0
+
     _check_class_counts(classify, params, generator.image_shape, spec)
     return World(
         name=f"dir:{spec.name}", generator=generator, classify=classify,
@@ -320,7 +327,30 @@ def load_world_dir(path: str | Path) -> World:
                   "cbm_concept_names": _bank_names(manifests["cbm"], params["cbm"])},
         embed=embed,
         concept_head=concept_head, prototypes=prototypes if "proto" in params else None,
-        prototype_head=prototype_head if "proto" in params else None)
+        prototype_head=prototype_head if "proto" in params else None,
+        concept_readout=concept_readout)
+
+
+CONCEPT_CLASSIFIER = "concept_classifier"  # its parameters' key in the classifier parameters
+
+
+def _concept_classifier(spec: WorldSpec, generator: Generator) -> tuple[Callable, Any]:
+    """``(apply(params, x) -> logits[B, K], params)`` of the manifest's concept classifier: a
+    converted torchvision resnet*/densenet* with one logit per generator concept (ValueError
+    naming the key otherwise)."""
+    try:
+        module, manifest = load_module(spec.concept_classifier)
+    except checkpoint.CheckpointError as err:
+        raise ValueError(f"{MANIFEST}: concept_classifier: {err}") from None
+    kind, k = manifest["kind"], generator.num_concepts
+    if kind not in (*RESNET_NAMES, *DENSENET_NAMES):
+        raise ValueError(f"{MANIFEST}: concept_classifier is kind={shorten(repr(kind), 80)}; "
+                         "it needs a torchvision resnet*/densenet* with one logit per concept")
+    outputs = manifest["config"].get("num_classes")
+    if not k or outputs != k:
+        raise ValueError(f"{MANIFEST}: concept_classifier outputs {outputs} logits; the "
+                         f"generator has {k} concepts (one logit per concept)")
+    return pure_apply(module)
 
 
 def _bank_names(manifest: dict, params) -> list[str]:
@@ -352,7 +382,7 @@ def _check_class_counts(classify: Callable, params: dict, image_shape: tuple[int
     backbone cannot take.
     """
     image = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
-    for role in params:
+    for role in spec.classifiers:
         try:
             shape = jax.eval_shape(lambda p, x, r=role: classify(p, x, (r,)), params, image).shape
         except (TypeError, ValueError) as err:

@@ -37,6 +37,10 @@ upstream files themselves (converted on every load, a convenience).
                                                      # {"trained": "cbae"}, a directory from
                                                      # `certify train cbae`
       "classifiers": {"std": "std", "cbm": "pcbm", "cbmh": "pcbmh", "proto": "pixpnet"},
+      "concept_classifier": "cc",                    # optional: a converted torchvision
+                                                     # resnet*/densenet* with one logit per
+                                                     # CB-AE concept (concept i on iff logit
+                                                     # > 0), read on edited images
       "class_names": ["not smiling", "smiling"],
       "preprocess": {"size": [224, 224], "mean": [0.485, 0.456, 0.406],
                      "std": [0.229, 0.224, 0.225]}
@@ -86,7 +90,8 @@ CONVERTED = "converted"
 MAX_PREPROCESS_SIDE = 4096
 
 _TOP_KEYS = {"format_version", "name", "generator", "cbae", "classifiers", "class_names",
-             "preprocess"}
+             "preprocess", "concept_classifier"}
+_OPTIONAL_TOP_KEYS = {"name", "cbae", "concept_classifier"}
 # kind -> (keys always required, upstream files (replaced by "converted"), options of the
 # upstream files only, options of both)
 _GENERATOR_KEYS = {
@@ -133,6 +138,8 @@ class WorldSpec:
       classifiers: role -> converted-model directory.
       class_names: C class names.
       preprocess: classifier input preprocessing.
+      concept_classifier: converted-model directory of the concept classifier (one logit per
+        CB-AE concept, read on edited images to verify counterfactual edits), or None.
     """
 
     root: Path
@@ -142,6 +149,7 @@ class WorldSpec:
     classifiers: dict[str, Path]
     class_names: tuple[str, ...]
     preprocess: Preprocess
+    concept_classifier: Path | None = None
 
 
 def where(section: str, key: str) -> str:
@@ -363,7 +371,7 @@ def read_manifest(path: str | Path) -> WorldSpec:
     except RecursionError:
         raise invalid("world", f"{manifest_path}: not valid JSON (nested too deeply)",
                       str(root)) from None
-    top = _check_keys("", raw, _TOP_KEYS - {"name", "cbae"}, {"name", "cbae"})
+    top = _check_keys("", raw, _TOP_KEYS - _OPTIONAL_TOP_KEYS, _OPTIONAL_TOP_KEYS)
     if top["format_version"] != FORMAT_VERSION:
         raise invalid("format_version", f"{MANIFEST}: format_version="
                       f"{top['format_version']!r}; this cbcert reads version {FORMAT_VERSION}",
@@ -383,6 +391,9 @@ def read_manifest(path: str | Path) -> WorldSpec:
     if not isinstance(name, str) or not name:
         raise invalid("name", f"{MANIFEST}: name={short_repr(name)}; expected a non-empty "
                       "string", short_repr(name), "a non-empty string")
+    concept_classifier = (None if top.get("concept_classifier") is None else _file(
+        root, "", "concept_classifier", top["concept_classifier"], directory=True))
     return WorldSpec(root=root, name=name, generator=generator, cbae=cbae,
                      classifiers=classifiers, class_names=tuple(names),
-                     preprocess=_parse_preprocess(top["preprocess"]))
+                     preprocess=_parse_preprocess(top["preprocess"]),
+                     concept_classifier=concept_classifier)

@@ -77,6 +77,9 @@ class World:
       editor: the concept editor of counterfactual edits, ``(key, c[2K + U], targets bool[K])
         -> c'`` (`cbcert.worlds.editors`); None: the perfect editor (the targets' logit pairs
         swapped).
+      concept_readout: ``(classifier_params, x[B, H, W, 3]) -> bool[B, K]``, a concept
+        classifier reading the generator's K concepts off an image (edit verification on the
+        edited image); None: verification reads the generator's own ``C(E(D(c')))``.
     """
 
     name: str
@@ -95,6 +98,7 @@ class World:
     prototype_head: Callable[[Params], tuple[jax.Array, jax.Array]] | None = None
     class_rule: ClassRule | None = None
     editor: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None
+    concept_readout: Callable[[Params, jax.Array], jax.Array] | None = None
 
     @property
     def num_classes(self) -> int:
