@@ -366,8 +366,9 @@ def test_cli_export_never_overwrites_a_bundle(tmp_path, monkeypatch):
 def test_an_imperfect_editor_is_caught_by_edit_verification(tmp_path):
     """On the imperfect-editor world every record's ``valid`` is what the generator's read-out
     shows of the editor's output with the run's edit keys (recomputed here); discarded edits
-    are counted, and an edit that failed outright (nothing changed) is inconsistent without
-    verification exactly when the class rule says it should have changed the class."""
+    are counted; an edit that failed outright (nothing changed) is inconsistent without
+    verification exactly when the class rule says it should have changed the class; and every
+    accepted edit scores exactly as on the default world's perfect editor."""
     world = load_builtin("imperfect-editor")
     job = ExplainJob(models=("cbm",), num_inputs=8, n0=10, n=16, figure_inputs=0, seed=4)
     result = run(world, job, tmp_path / "r", chunk_size=64)
@@ -395,6 +396,19 @@ def test_an_imperfect_editor_is_caught_by_edit_verification(tmp_path):
     assert 0 < rejected < attempted
     assert result.summary["models"]["cbm"]["single_edits"] == {"attempted": attempted,
                                                                "discarded": rejected}
+    # Verification restores the perfect editor's scores exactly: every accepted edit is the
+    # asked one, so it scores as the same edit does on the default world (same classifiers).
+    run(load_builtin("default"), job, tmp_path / "d", chunk_size=64)
+    perfect = {(r["index"], e["concept"]): e for r in _records(tmp_path / "d")
+               for e in r["counterfactuals"]["single"]}
+    assert all(e["valid"] and e["consistent"] == e["consistent_unverified"]
+               for e in perfect.values())
+    for r in _records(tmp_path / "r"):
+        for edit in r["counterfactuals"]["single"]:
+            if edit["valid"]:
+                same = perfect[(r["index"], edit["concept"])]
+                assert (edit["consistent"], edit["faithful"]) == (same["consistent"],
+                                                                  same["faithful"])
 
 
 def test_a_rerun_may_draw_another_judge_subset(finished, world):
