@@ -248,6 +248,7 @@ def test_judge_bundle_holds_the_pre_registered_inputs(finished, world):
         else:
             flipped = [c["concept"] for c in r["counterfactuals"]["single"]]
             assert item["edit"]["flipped"] == [manifest["concept_names"][i] for i in flipped]
+            assert item["edit"]["verified"] == r["counterfactuals"]["all"]["valid"]
         assert (item["residual"] is not None) == (item["model"] == "cbmh")
     answers = [json.loads(x) for x in (out / "bundle" / bundle.ANSWERS).read_text().splitlines()]
     assert [a["id"] for a in answers] == [i["id"] for i in items if i["model"] != "proto"]

@@ -21,9 +21,10 @@ enlarged by pixel repetition to at least 128 px):
   "prototype", "label" (the agreement label's class name), "prediction" (class name), "cited":
   [{"name", "contribution", "share"}, …] (the clean explanation, ranked), "perturbed": {"eps":
   {"prediction", "cited"}, "tau": {…}}, "images": {"clean", "eps", "tau"[, "edit"]} (paths in
-  the bundle), "edit": {"flipped": [concept names], "prediction"} (concept models on worlds
-  with counterfactuals: every concept the explanation cites flipped at once, by the world's
-  editor, as the run made it — an imperfect editor's image may show another edit) | null,
+  the bundle), "edit": {"flipped": [concept names], "prediction", "verified"} (concept models
+  on worlds with counterfactuals: every concept the explanation cites flipped at once, by the
+  world's editor, as the run made it — an imperfect editor's image may show another edit, and
+  "verified" says whether edit verification accepted it) | null,
   "residual": {"logit", "share"} (cbmh) | null}``;
 * ``answers.jsonl`` (worlds with a known class rule; never shown to judges): ``{"id",
   "known_answer": 1 + 8·F1, "precision", "recall", "f1"}`` for the concept models' items;
@@ -161,7 +162,8 @@ def build(world, job, pool, concepts: np.ndarray, records: list[dict], positions
                 item_images["edit"] = f"images/{index}/edit-{m}.png"
                 paths[item_images["edit"]] = _enlarge(image)
                 edit = {"flipped": [concept_names[i] for i in flipped],
-                        "prediction": names[prediction]}
+                        "prediction": names[prediction],
+                        "verified": r["counterfactuals"]["all"]["valid"]}
             logit = r.get("logit") or {}
             items.append({
                 "schema": ITEM_SCHEMA, "id": f"{index}-{m}", "input": index, "model": m,
