@@ -171,7 +171,9 @@ class ExplainJob:
 
 def _observations(world, job: ExplainJob, pool, memory: dict, progress) -> dict[str, dict]:
     """Observer outputs (``pred``, ``state``, ``scores``, ``prototypes`` with proto) of the
-    clean, ε-shifted and τ-flipped images, and the certificates' counts: ``counts[phase]`` =
+    clean, ε-shifted and τ-flipped images (``clean_concept`` also ``readout``, the world's
+    concept classifier on the clean image, where it has one), and the certificates' counts:
+    ``counts[phase]`` =
     ``{"signs": [N, K] (r_i > 0), "members": [N, P] (prototype cited, with proto)}`` for the
     phases ``select``, ``estimate`` (and ``flips_*`` with ρ); ``progress(step, STEPS)``."""
     params, root = world.params, jax.random.key(job.seed)
@@ -229,8 +231,13 @@ def _observations(world, job: ExplainJob, pool, memory: dict, progress) -> dict[
             counts[name] = total(map_samples(positive_c, params, concepts, BernoulliFlips(k),
                                              stream_key(root, stream), size, scale=job.rho,
                                              **common))
+    clean_concept = map_inputs(concept, params, concepts, **memory)
+    if world.concept_readout is not None:  # what verifies edits reads the clean image too
+        clean_concept["readout"] = map_inputs(
+            lambda p, c: world.concept_readout(p["clf"], world.generator.image_from_concepts(
+                p["gen"], c)), params, concepts, **memory)
     return {"clean": map_inputs(clean, params, pool.latents, **memory),
-            "clean_concept": map_inputs(concept, params, concepts, **memory),
+            "clean_concept": clean_concept,
             "eps": first(shifted), "tau": first(flipped), "counts": counts,
             "concepts": concepts}
 
@@ -246,7 +253,8 @@ def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: d
 
     Args:
       cited: ``[N, k]`` the clean (autoencoded) explanation's concepts, ``-1`` padding.
-      clean: concept-space observer outputs on the clean ``c`` (``pred``, ``state``).
+      clean: concept-space observer outputs on the clean ``c`` (``pred``, ``state``, and
+        ``readout``, the concept classifier's reading, where the world has one).
       concepts: ``[N, 2K + U]`` the clean concept representations.
       indices: ``[N]`` the inputs' global pool indices (the edits' keys).
       mapping: ``[units]`` the generator concept of each cited unit, ``-1`` where none
@@ -284,11 +292,8 @@ def _counterfactuals(world, job: ExplainJob, h: int, cited: np.ndarray, clean: d
                 "readout": read(p, c, image), "scores": world.concept_scores(p["clf"], image)}
 
     out = map_inputs(observe, world.params, edited, **memory)
-    state = clean["state"]  # C(c); a concept classifier reads the clean image itself
-    if world.concept_readout is not None:
-        state = map_inputs(lambda p, c: read(p, c, gen.image_from_concepts(p["gen"], c)),
-                           world.params, concepts, **memory)
-    before = np.repeat(np.asarray(state), top + 1, axis=0)
+    # C(c), or the concept classifier's reading of the clean image (`_observations`)
+    before = np.repeat(np.asarray(clean.get("readout", clean["state"])), top + 1, axis=0)
     valid = ex.verify_edit(before, out["readout"], flat_targets)
     pred_before = np.repeat(clean["pred"][:, h], top + 1)
     if rule is None:  # no class rule: whether the class should change is unknown
