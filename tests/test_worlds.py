@@ -338,30 +338,41 @@ def test_a_world_directory_explains_by_its_pcbm_head_and_pixpnet_readout(world, 
             assert {c["name"] for c in r["cited"]} <= {"concept 0", "concept 1"}
 
 
+def _with_concept_bank(world_dir, root, names, manifest):
+    """A copy of the world directory (links to its parts) whose cbm PCBM's concept bank is named
+    ``names``, with ``manifest`` as its world.json."""
+    root.mkdir()
+    for part in world_dir.iterdir():
+        if part.name not in ("world.json", "cbm"):
+            (root / part.name).symlink_to(part)
+    cbm, _ = registry.load_module(world_dir / "cbm")
+    registry.save_module(root / "cbm", "pcbm", cbm, {"sources": {}, "concept_names": names})
+    (root / "world.json").write_text(json.dumps(manifest))
+    return root
+
+
+def _explain_cbm(root, out, inputs: int) -> list[dict]:
+    """`certify explain` of cbm on the world directory ``root`` (small sizes): its records."""
+    result = CliRunner().invoke(cli.main, ["explain", "--world", str(root), "--models", "cbm",
+                                           "--inputs", str(inputs), "--n0", "5", "--n", "10",
+                                           "--figure-inputs", "0", "--chunk-size", "8",
+                                           "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in (out / "explanations.jsonl").read_text().splitlines()]
+
+
 def test_a_world_directory_edits_the_cited_concepts_its_generator_names(world_dir, tmp_path):
     """A PCBM whose concept bank names a CB-AE concept ("b") gets counterfactual edits of that
     concept on a world directory (an unnamed one, "zzz", is not edited), verified by the
     CB-AE's own read-out E(D(c')), which for these random weights is far from exact: edits
     are rejected; no class rule, so consistency is undefined (null) while faithfulness is
     scored."""
-    root = tmp_path / "named"
-    root.mkdir()
-    for part in world_dir.iterdir():
-        if part.name not in ("world.json", "cbm"):
-            (root / part.name).symlink_to(part)
-    cbm, _ = registry.load_module(world_dir / "cbm")
-    registry.save_module(root / "cbm", "pcbm", cbm, {"sources": {}, "concept_names": ["b", "zzz"]})
-    (root / "world.json").write_text(json.dumps(MANIFEST))
+    root = _with_concept_bank(world_dir, tmp_path / "named", ["b", "zzz"], MANIFEST)
     world = load_world_dir(root)
     assert world.generator.concept_names[1] == "b"
     np.testing.assert_array_equal(explanations.edit_mapping(world), [1, -1])
     out = tmp_path / "explain"
-    result = CliRunner().invoke(cli.main, ["explain", "--world", str(root), "--models", "cbm",
-                                           "--inputs", "6", "--n0", "5", "--n", "10",
-                                           "--figure-inputs", "0", "--chunk-size", "8",
-                                           "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    records = [json.loads(line) for line in (out / "explanations.jsonl").read_text().splitlines()]
+    records = _explain_cbm(root, out, inputs=6)
     edits = [e for r in records for e in r["counterfactuals"]["single"]]
     assert edits and {e["concept"] for e in edits} == {0}  # "b" is PCBM concept 0
     assert all(e["should_change"] is None and e["consistent"] is None for e in edits)
@@ -380,23 +391,12 @@ def test_a_concept_classifier_verifies_edits_on_the_edited_image(world_dir, tmp_
     from cbcert.concepts import flip_pairs
     from cbcert.runs.pool import agreement_pool
 
-    root = tmp_path / "cc-world"
-    root.mkdir()
-    for part in world_dir.iterdir():
-        if part.name not in ("world.json", "cbm"):
-            (root / part.name).symlink_to(part)
-    cbm, _ = registry.load_module(world_dir / "cbm")
-    registry.save_module(root / "cbm", "pcbm", cbm, {"sources": {}, "concept_names": ["b", "a"]})
+    root = _with_concept_bank(world_dir, tmp_path / "cc-world", ["b", "a"],
+                              {**MANIFEST, "concept_classifier": "cc"})
     torch.save(torch_resnet("resnet18", 3, seed=4).state_dict(), root / "cc.pth")
     convert("resnet18", root / "cc.pth", root / "cc")
-    (root / "world.json").write_text(json.dumps({**MANIFEST, "concept_classifier": "cc"}))
     world = load_world_dir(root)
-    out = tmp_path / "explain"
-    result = CliRunner().invoke(cli.main, ["explain", "--world", str(root), "--models", "cbm",
-                                           "--inputs", "4", "--n0", "5", "--n", "10",
-                                           "--figure-inputs", "0", "--chunk-size", "8",
-                                           "--out", str(out)])
-    assert result.exit_code == 0, result.output
+    records = _explain_cbm(root, tmp_path / "explain", inputs=4)
     gen, params = world.generator, world.params
     z = jnp.asarray(agreement_pool(world, 0, 4).latents)
     c = gen.concepts(params["gen"], z)
@@ -406,7 +406,6 @@ def test_a_concept_classifier_verifies_edits_on_the_edited_image(world_dir, tmp_
             params["gen"], concepts)))
 
     clean, mapping = read(c), explanations.edit_mapping(world)
-    records = [json.loads(line) for line in (out / "explanations.jsonl").read_text().splitlines()]
     checked = 0
     for row, r in enumerate(records):
         for edit in r["counterfactuals"]["single"]:
