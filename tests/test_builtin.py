@@ -255,7 +255,7 @@ def test_a_backbone_is_borrowed_only_from_the_same_pretext(monkeypatch, tmp_path
 
 
 @pytest.mark.parametrize("preset", ["similar5", "similar10", "dissimilar5", "dissimilar10",
-                                    "k8", "k16", "vocab12", "vocab16"])
+                                    "k8", "k16", "vocab12", "vocab16", "saturated"])
 def test_shipped_variant_weights_load_and_share_the_default_backbone(preset):
     """Every variant preset the shipped configs use has weights in the package, trained with
     ``--backbone-from default`` (phase 0 skipped, the backbone kept bit for bit)."""
@@ -352,3 +352,27 @@ def test_prototype_distances_run_in_float32_under_bfloat16():
     d_up = nnx.merge(graph, cast_floating(low, jnp.float32)).distances(t.astype(jnp.float32))
     assert d_low.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(d_low), np.asarray(d_up))
+
+
+def test_saturated_pool_draws_class_conditional_inputs_block_by_block():
+    """The saturated world's pool input i is the fragile pool's z_i conditioned with the key
+    ``fold_in(fold_in(root, PRIOR), i)``, whatever block it is drawn in; and its inputs sit
+    at their class pattern or next to it (distance 0: ~0.97¹² = 69 %; here 200 inputs)."""
+    from cbcert.engine.keys import Stream, stream_key
+    from cbcert.runs.pool import pool_latents
+
+    saturated, default = load_builtin("saturated"), load_builtin("default")
+    z = pool_latents(saturated, 3, 0, 200)
+    np.testing.assert_array_equal(pool_latents(saturated, 3, 120, 40), z[120:160])
+    prior = stream_key(jax.random.key(3), Stream.PRIOR)
+    keys = jax.vmap(lambda i: jax.random.fold_in(prior, i))(np.arange(200))
+    plain = pool_latents(default, 3, 0, 200)  # the same normal draws (latent size 32 both)
+    np.testing.assert_array_equal(
+        z, np.asarray(saturated.latent_prior(
+            saturated.generator.params, plain, keys)))
+    assert default.latent_prior is None
+    b = np.asarray(z @ np.asarray(saturated.generator.params["A"]).T)[:, :12]
+    bits = np.sin(ConceptWorldConfig.from_preset("saturated").frequency * b) > 0
+    patterns = np.asarray(saturated.generator.params["patterns"], bool)
+    nearest = (bits[:, None] != patterns[None]).sum(-1).min(1)
+    assert np.mean(nearest == 0) > 0.5 and nearest.max() <= 3

@@ -32,6 +32,7 @@ class Stream(enum.IntEnum):
     BOUND = 7  # CERTIFY with --bound randomized: each input's uniform draw
     JUDGE = 8  # explain: the pre-registered inputs of the judge bundle
     EDIT = 9  # explain: the concept editor's draws, one key per (input, edit slot)
+    PRIOR = 10  # the class and pattern flips of pool input i under a class-conditional prior
 
 
 STREAM_SELECT = Stream.SELECT

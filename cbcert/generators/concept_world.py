@@ -76,6 +76,14 @@ class ConceptWorldConfig:
         same: the patterns are drawn over the core only, concept i is ``sin(ω (A z)_i)`` for
         every K, so a latent has the same class in every world of the study (``vocab12``,
         ``vocab16`` over the core of ``k8``: 8 → 12 → 16 concepts, as the method's 18 → 27 → 36).
+      class_separation: least Hamming distance between anchor patterns (0: ``max(3, Kc // 3)``).
+      prior_flip: None: the standard normal prior ``z ~ N(0, I)``, under which every concept is
+        an independent fair coin, so a typical state sits next to a class boundary (the
+        *fragile* family). A number q in [0, 0.5): the *class-conditional* prior of the
+        *saturated* family: class y uniform, target bits ``patterns[y] xor Bernoulli(q)`` on the
+        core concepts, and z the standard normal conditioned on those bits
+        (`ConceptWorld.condition`): inputs sit at or next to their class pattern, as images
+        of one real class share most of its attributes.
     """
 
     num_concepts: int = 12
@@ -90,14 +98,21 @@ class ConceptWorldConfig:
     logit_scale: float = 2.0
     structure_seed: int = 0
     label_concepts: int = 0
+    class_separation: int = 0
+    prior_flip: float | None = None
 
     @classmethod
     def from_preset(cls, name: str) -> ConceptWorldConfig:
         """Named presets: ``default``, ``k8``, ``k16``, ``px64``, ``similar5``, ``similar10``,
-        ``dissimilar5``, ``dissimilar10``, ``vocab12``, ``vocab16``.
+        ``dissimilar5``, ``dissimilar10``, ``vocab12``, ``vocab16`` (the fragile family) and
+        ``saturated`` (the saturated family).
 
         ``k8``/``k16`` change the task with K (their patterns span all K concepts);
         ``vocab12``/``vocab16`` keep ``k8``'s task and add 4 / 8 concepts outside the class rule.
+        ``saturated``: 10 classes whose patterns over the 12 concepts are pairwise at Hamming
+        distance ≥ 6, and the class-conditional prior with q = 0.03 (``prior_flip``): a state
+        at its pattern changes class only after 3 flips, so one or two concept flips rarely
+        matter, as in the method's RIVAL-10.
         """
         presets = {
             "default": {},
@@ -110,6 +125,8 @@ class ConceptWorldConfig:
             "dissimilar10": {"extra_dissimilar": 10},
             "vocab12": {"num_concepts": 12, "label_concepts": 8},
             "vocab16": {"num_concepts": 16, "label_concepts": 8},
+            "saturated": {"num_anchor_classes": 10, "num_near_classes": 0,
+                          "class_separation": 6, "prior_flip": 0.03},
         }
         if name not in presets:
             raise ValueError(f"unknown world preset {name!r} (allowed: {', '.join(presets)})")
@@ -127,12 +144,18 @@ class ConceptWorldConfig:
         if not 0 <= self.label_concepts <= self.num_concepts:
             raise ValueError(f"label_concepts={self.label_concepts} not in [0, num_concepts="
                              f"{self.num_concepts}]")
+        if not 0 <= self.class_separation <= self.core_concepts:
+            raise ValueError(f"class_separation={self.class_separation} not in [0, "
+                             f"{self.core_concepts}] (the concepts the class rule reads)")
+        if self.prior_flip is not None and not 0.0 <= self.prior_flip < 0.5:
+            raise ValueError(f"prior_flip={self.prior_flip} not in [0, 0.5) (or None: the "
+                             f"standard normal prior)")
 
     def identity(self) -> dict:
         """The fields as a dict, without those added after weights were shipped while they sit
         at their defaults (``label_concepts = 0``): what a checkpoint's ``world_config`` pins,
         so the weights trained before a field existed still match their preset."""
-        later = {"label_concepts": 0}
+        later = {"label_concepts": 0, "class_separation": 0, "prior_flip": None}
         return {k: v for k, v in asdict(self).items() if k not in later or v != later[k]}
 
     @property
@@ -159,7 +182,10 @@ def class_patterns(config: ConceptWorldConfig) -> np.ndarray:
     """Deterministic class patterns ``P[C, Kc]`` (0/1) over the ``Kc = core_concepts`` concepts
     the class rule reads, with a designed similarity structure.
 
-    Anchors are drawn with pairwise Hamming distance ≥ K/3; near class j copies anchor
+    Anchors are drawn with pairwise Hamming distance ≥ ``class_separation`` (default
+    ``max(3, Kc // 3)``; a draw that finds no room after 2,000 tries starts the anchors
+    afresh, and after 20 such restarts the separation is refused; the shipped presets' most
+    misses in a row is 188); near class j copies anchor
     ``j mod A`` and flips 1 or 2 concepts (alternating); extra similar classes do the same to
     random existing classes; extra dissimilar classes are at distance ≥ 4 from every class.
     All patterns are distinct. They depend on Kc, never on the concepts beyond it.
@@ -171,11 +197,21 @@ def class_patterns(config: ConceptWorldConfig) -> np.ndarray:
     def distinct(p: np.ndarray) -> bool:
         return all(np.any(p != q) for q in patterns)
 
-    min_anchor = max(3, k // 3)
+    min_anchor = config.class_separation or max(3, k // 3)
+    misses = restarts = 0
     while len(patterns) < config.num_anchor_classes:
         p = rng.integers(0, 2, k)
         if all(np.sum(p != q) >= min_anchor for q in patterns):
             patterns.append(p)
+            misses = 0
+            continue
+        misses += 1
+        if misses == 2_000:  # stuck: start the anchors afresh (no shipped preset gets here)
+            patterns.clear()
+            misses, restarts = 0, restarts + 1
+            if restarts == 20:
+                raise ValueError(f"found no {config.num_anchor_classes} patterns over {k} "
+                                 f"concepts at pairwise Hamming distance ≥ {min_anchor}")
     anchors = list(patterns)
 
     def near(base: np.ndarray, flips: int) -> np.ndarray:
@@ -363,9 +399,55 @@ class ConceptWorld:
         """Ground-truth class of ``g(z)``: ``z[B, d] -> int32[B]``."""
         return self.label_of_concepts(params, self.concepts_of(params, z))
 
+    @property
+    def conditional(self) -> bool:
+        """Whether the world's prior is class-conditional (``config.prior_flip`` set)."""
+        return self.config.prior_flip is not None
+
+    def condition(self, params, z: jax.Array, keys: jax.Array) -> jax.Array:
+        """Standard normal latents conditioned on class-pattern concepts (the saturated prior).
+
+        For input b, ``keys[b]`` draws the class ``y ~ U{0..C−1}`` (``fold_in(key, 0)``) and
+        flips ``f ~ Bernoulli(q)^{Kc}`` (``fold_in(key, 1)``, q = ``prior_flip``); the target
+        bits are ``patterns[y] xor f`` on the core concepts. With ``t = A z`` (A orthogonal),
+        every core coordinate whose concept bit ``[sin(ω t_i) > 0]`` is not its target is
+        reflected, ``t_i → −t_i`` (``sin`` is odd, so the bit flips), and ``z' = Aᵀ t``. A
+        standard normal coordinate reflected whenever it falls on the wrong side is exactly a
+        standard normal conditioned on the right side (the density at an allowed s is
+        ``φ(s) + φ(−s) = 2φ(s)``), so ``z'`` is ``N(0, I)`` conditioned on the target bits:
+        the distance from z' to every concept boundary is distributed as under the standard
+        prior, only the states are concentrated on the patterns.
+
+        Args:
+          z: ``[B, d]`` standard normal draws; keys: ``[B]`` typed PRNG keys.
+        Returns:
+          ``[B, d]`` float32 latents (z itself, unchanged, if the world is not conditional).
+        """
+        if not self.conditional:
+            return z
+        patterns = params["patterns"]  # [C, Kc]
+        c, kc = patterns.shape
+        q = self.config.prior_flip
+
+        def target(key):  # -> bool[Kc]
+            y = jax.random.randint(jax.random.fold_in(key, 0), (), 0, c)
+            flips = jax.random.bernoulli(jax.random.fold_in(key, 1), q, (kc,))
+            return (patterns[y] > 0) ^ flips
+
+        want = jax.vmap(target)(keys)  # [B, Kc]
+        t = z @ params["A"].T
+        have = jnp.sin(self.config.frequency * t[:, :kc]) > 0
+        sign = jnp.where(have == want, 1.0, -1.0).astype(t.dtype)
+        t = jnp.concatenate([t[:, :kc] * sign, t[:, kc:]], axis=-1)
+        return t @ params["A"]
+
     def sample_latents(self, key: jax.Array, n: int) -> jax.Array:
-        """``n`` latents from the standard normal prior: ``[n, d]`` float32."""
-        return jax.random.normal(key, (n, self.config.latent_dim), jnp.float32)
+        """``n`` latents from the world's prior: ``[n, d]`` float32 (the standard normal, or
+        its class-conditional form `condition` when ``config.prior_flip`` is set)."""
+        z = jax.random.normal(key, (n, self.config.latent_dim), jnp.float32)
+        if not self.conditional:
+            return z
+        return self.condition(self.params, z, jax.random.split(jax.random.fold_in(key, 1), n))
 
 
 def make_world(config: ConceptWorldConfig) -> ConceptWorld:

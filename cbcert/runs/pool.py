@@ -61,7 +61,9 @@ def pool_latents(world, seed: int, start: int, count: int) -> np.ndarray:
     """Latents ``z_i ~ N(0, I)``, i in ``[start, start + count)``: ``[count, d]``.
 
     ``z_i`` is drawn from ``fold_in(fold_in(root, Stream.POOL), i)``, so the pool is the same
-    whatever its size or the block in which an index is generated. A multi-class conditional
+    whatever its size or the block in which an index is generated. In a world with a
+    ``latent_prior`` (the saturated worlds' class-conditional prior) that draw is then
+    conditioned with the key ``fold_in(fold_in(root, Stream.PRIOR), i)``. A multi-class conditional
     generator's inputs are ``[z_i ; k_i]`` (``[count, d + 1]``): the class position ``k_i`` is
     uniform over its ``classes``, drawn from ``fold_in(fold_in(root, Stream.CLASSES), i)``, so
     ``z_i`` is the same as in a one-class world with the same seed.
@@ -73,6 +75,10 @@ def pool_latents(world, seed: int, start: int, count: int) -> np.ndarray:
     index = np.arange(start, start + count)
     draw = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (d,)))
     z = np.asarray(draw(index))
+    if world.latent_prior is not None:  # z_i conditioned as the world's prior says
+        prior_key = stream_key(root, Stream.PRIOR)
+        keys = jax.vmap(lambda i: jax.random.fold_in(prior_key, i))(index)
+        z = np.asarray(world.latent_prior(gen.params, z, keys))
     if not gen.classes:
         return z
     class_key = stream_key(root, Stream.CLASSES)

@@ -246,6 +246,7 @@ def _assemble(name: str, world, graphdef, state, params, metadata: dict) -> Worl
         prototypes=prototypes,
         prototype_head=prototype_head,
         class_rule=class_rule(world),
+        latent_prior=world.condition if world.conditional else None,
     )
 
 

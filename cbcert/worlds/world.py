@@ -80,6 +80,11 @@ class World:
       concept_readout: ``(classifier_params, x[B, H, W, 3]) -> bool[B, K]``, a concept
         classifier reading the generator's K concepts off an image (edit verification on the
         edited image); None: verification reads the generator's own ``C(E(D(c')))``.
+      latent_prior: ``(gen_params, z[B, d], keys[B]) -> z'[B, d]``, the world's prior of
+        inputs as a transform of standard normal draws, input b drawing what else it needs
+        from ``keys[b]`` (the saturated worlds' class-conditional prior,
+        `cbcert.generators.concept_world.ConceptWorld.condition`); None: ``z ~ N(0, I)``. Only
+        which inputs are drawn depends on it: noise, shifts and attacks act on z as anywhere.
     """
 
     name: str
@@ -99,6 +104,7 @@ class World:
     class_rule: ClassRule | None = None
     editor: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None
     concept_readout: Callable[[Params, jax.Array], jax.Array] | None = None
+    latent_prior: Callable[[Params, jax.Array, jax.Array], jax.Array] | None = None
 
     @property
     def num_classes(self) -> int:
