@@ -31,9 +31,23 @@ def test_paper_config_covers_both_families_on_shipped_weights():
     data = yaml.safe_load(PAPER.read_text())
     families = {e["preset"]: e["family"] for e in data["worlds"]}
     assert families == {"default": "class similarity", "similar5": "class similarity",
-                        "dissimilar5": "class similarity", "k8": "vocabulary",
-                        "vocab12": "vocabulary", "vocab16": "vocabulary"}
-    assert len(reduced_paper(data)["worlds"]) == 2
+                        "dissimilar5": "class similarity", "similar10": "class similarity",
+                        "dissimilar10": "class similarity", "k8": "vocabulary",
+                        "vocab12": "vocabulary", "vocab16": "vocabulary",
+                        "saturated": "saturated"}
+    assert len(reduced_paper(data)["worlds"]) == 3
+
+
+def test_paper_config_is_the_methods_protocol():
+    """The settings of the method's protocol (docs/paper.md, "The protocol"), not the
+    project's stricter defaults."""
+    data = yaml.safe_load(PAPER.read_text())
+    for space in ("latent", "concept"):
+        assert data[space]["two_class"] is True and data[space]["alpha"] == 0.05
+    assert data["concept"]["rhos"] == [0.05, 0.1, 0.2]
+    assert data["concept"]["flips"] == [1, 2, 4]
+    assert data["perturb"]["sigma"] == [0.05, 0.1] and data["perturb"]["rho"] == [0.1, 0.2]
+    assert {a["inputs"] for a in data["attack"]} == {200}
 
 
 def test_every_mapped_file_is_written_and_every_written_file_is_mapped(paper_run):
@@ -41,7 +55,7 @@ def test_every_mapped_file_is_written_and_every_written_file_is_mapped(paper_run
     written = sorted(str(p.relative_to(paper_run)) for p in paper_run.rglob("*")
                      if p.is_file() and p.parent.name == "report")
     worlds = sorted(p.name for p in paper_run.iterdir() if (p / "report").is_dir())
-    assert worlds == ["default", "k8"]
+    assert worlds == ["default", "k8", "saturated"]
     for pattern in patterns:
         regex = _regex(pattern)
         hits = [w for w in written if regex.fullmatch(w)]

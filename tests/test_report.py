@@ -362,3 +362,57 @@ def test_report_on_damaged_files_exits_2_naming_the_file(tmp_path, where, text, 
     output = " ".join(result.output.split())
     assert f"{run / where}:" in output and message in output, output
     assert not list((run / report.REPORT_DIR).glob("*"))
+
+
+def test_radius_tests_are_recomputed_from_the_records_at_the_summary_subsets(tmp_path):
+    """certification_radius_tests.csv of the reference run's three latent cells equals an
+    independent reduction of their records: R̄ per subset over correct inputs, scipy's paired
+    t-test, Holm across the three σ for each pair; damaged records exit 2 naming the file."""
+    import csv
+
+    from scipy.stats import ttest_rel
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(REFERENCE / "manifest.json", run / "manifest.json")
+    cells_ = ("latent-sigma0.05", "latent-sigma0.1", "latent-sigma0.3")
+    for name in cells_:
+        shutil.copytree(REFERENCE / name, run / name)
+    assert CliRunner().invoke(main, ["report", str(run), "--quiet"]).exit_code == 0
+    with open(run / report.REPORT_DIR / "certification_radius_tests.csv") as f:
+        rows = list(csv.DictReader(f))
+    expected = {}
+    for pair in (("std", "cbm"), ("std", "proto")):
+        ps = {}
+        for name in cells_:
+            summary = json.loads((run / name / "summary.json").read_text())
+            records = [json.loads(line) for line in (run / name / "records.jsonl").open()]
+            rbar = {}
+            for m in pair:
+                mine = {r["index"]: r for r in records if r["model"] == m}
+                rbar[m] = np.array([np.mean([mine[i]["radius"] for i in s
+                                             if mine[i]["prediction"] == mine[i]["label"]]
+                                            or [np.nan]) for s in summary["subsets"]["indices"]])
+            ok = np.isfinite(rbar[pair[0]]) & np.isfinite(rbar[pair[1]])
+            d = rbar[pair[0]][ok] - rbar[pair[1]][ok]
+            if ok.sum() >= 2:  # identical radii: no evidence, p = 1 (scipy gives NaN there)
+                ps[name] = 1.0 if np.all(d == 0) else ttest_rel(rbar[pair[0]][ok],
+                                                                  rbar[pair[1]][ok]).pvalue
+        # Holm over the cells with a p (a cell with fewer than 2 usable subsets has none).
+        names = sorted(ps, key=ps.get)
+        holm = np.maximum.accumulate([min(1.0, (len(names) - k) * ps[n])
+                                      for k, n in enumerate(names)])
+        for name in cells_:
+            expected[(name, *pair)] = (ps.get(name), dict(zip(names, holm, strict=True)).get(name))
+    assert len(rows) == 6 and sum(e[0] is not None for e in expected.values()) >= 4
+    for row in rows:
+        p, p_holm = expected[(row["cell"], row["model_a"], row["model_b"])]
+        if p is None:
+            assert row["p"] == "" and row["p_holm"] == ""
+            continue
+        assert float(row["p"]) == pytest.approx(p, rel=1e-9)
+        assert float(row["p_holm"]) == pytest.approx(p_holm, rel=1e-9)
+    (run / "latent-sigma0.1" / "records.jsonl").write_text('{"index": 0}\n')
+    result = CliRunner().invoke(main, ["report", str(run)])
+    assert result.exit_code == 2, result.output
+    assert "records.jsonl" in " ".join(result.output.split())

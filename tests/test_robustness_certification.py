@@ -68,3 +68,33 @@ def test_a_subset_without_correct_inputs_is_skipped_for_the_radius():
     out = certification.subset_summary(labels, predictions, radii, subsets, [("a", "b")])
     assert out["models"]["a"]["radius_of_correct"] == {"mean": 1.0, "sd": 0.0}
     assert out["models"]["b"]["radius_of_correct"] == {"mean": None, "sd": None}
+
+
+def test_radius_tests_match_a_hand_computation():
+    """ΔR̄ per subset, paired t-test over the usable subsets, Holm across the cells of a pair.
+    Cell a: d = (0.5, 1, 0.5): mean 2/3, sd √(1/12), t = 4, df = 2, p = 1 − 4/√18. Cell b:
+    subset 1 has no correct std input, d = (0, 0.5): t = 1, df = 1, p = 1/2. Holm over the
+    two: (2·0.0572, max(0.1144, 0.5)). Cell c: one usable subset, no test, outside Holm."""
+    nan = float("nan")
+    cells = [("a", {"std": np.array([1.0, 2.0, 3.0]), "cbm": np.array([0.5, 1.0, 2.5])}),
+             ("b", {"std": np.array([1.0, nan, 2.0]), "cbm": np.array([1.0, 1.0, 1.5])}),
+             ("c", {"std": np.array([nan, nan, 2.0]), "cbm": np.array([1.0, 1.0, 1.5])})]
+    rows = certification.radius_tests(cells, [("std", "cbm")])
+    assert [(r["cell"], r["subsets"], r["df"]) for r in rows] == [("a", 3, 2), ("b", 2, 1),
+                                                                  ("c", 1, None)]
+    p_a = 1 - 4 / np.sqrt(18)
+    np.testing.assert_allclose([rows[0]["delta"]["mean"], rows[0]["delta"]["sd"], rows[0]["t"],
+                                rows[0]["p"], rows[0]["p_holm"]],
+                               [2 / 3, np.sqrt(1 / 12), 4.0, p_a, 2 * p_a], rtol=1e-12)
+    np.testing.assert_allclose([rows[1]["t"], rows[1]["p"], rows[1]["p_holm"]],
+                               [1.0, 0.5, 0.5], rtol=1e-12)
+    assert rows[2]["p"] is None and rows[2]["p_holm"] is None and rows[2]["t"] is None
+
+
+def test_radius_of_correct_by_subset_reads_correct_inputs_only():
+    records = [{"index": i, "model": "std", "label": 0, "prediction": p, "radius": r}
+               for i, p, r in ((0, 0, 1.0), (1, 0, 3.0), (2, 1, 5.0), (3, -1, None))]
+    got = certification.radius_of_correct_by_subset(records, "std", [[0, 1], [2, 3], [1, 2]])
+    np.testing.assert_array_equal(got, [2.0, np.nan, 3.0])  # wrong and abstained: left out
+    with pytest.raises(ValueError, match="model 'std': no record of input 7"):
+        certification.radius_of_correct_by_subset(records, "std", [[7]])

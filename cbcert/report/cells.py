@@ -72,12 +72,14 @@ class CellResult:
         ``"kind"``, or its layout in a directory written before it named its kind:
         `cbcert.runs.directory.run_kind`).
       run: the parsed ``run.json``; summary: the parsed ``summary.json``.
+      path: the cell's directory (where its ``records.jsonl`` is), None if not read from disk.
     """
 
     name: str
     kind: Kind
     run: dict[str, Any]
     summary: dict[str, Any]
+    path: Path | None = None
 
 
 def find_cells(run_dir: str | Path, log: Callable[[str], None] = print) -> tuple[CellResult, ...]:
@@ -110,7 +112,7 @@ def find_cells(run_dir: str | Path, log: Callable[[str], None] = print) -> tuple
             kind = run_kind(run)
         except ValueError as err:
             raise DamagedFileError(f"{d / RUN}: {err}") from None
-        cells.append(CellResult(d.name, kind, run, read_object(d / SUMMARY)))
+        cells.append(CellResult(d.name, kind, run, read_object(d / SUMMARY), d))
     if not cells:
         raise ReportError(f"{run_dir}: no finished runner directory (run.json + summary.json)")
     return tuple(cells)

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cbcert.certify.smoothing import smoothing
-from cbcert.report.cells import CellResult
+from cbcert.report.cells import CellResult, DamagedFileError
+from cbcert.robustness.certification import radius_of_correct_by_subset, radius_tests
+from cbcert.runs.directory import RECORDS, RecordsError, read_records
 from cbcert.schema import value_name
 
 # Certified-accuracy columns: multiples of σ for L2 radii, absolute Hamming radii.
@@ -114,7 +116,7 @@ def certification_tables(cells: Sequence[CellResult]) -> list[Table]:
             ("cell", "mode", "noise", "scale", "model", "inputs", "smoothed_accuracy", "acr_h",
              "radius_of_correct", *(f"ca_at_{r}" for r in HAMMING_MARKS), "abstain_rate",
              "seconds_per_input", *SETTINGS_COLUMNS), tuple(concept)))
-    return tables + subset_tables(cells)
+    return tables + subset_tables(cells) + radius_test_tables(cells)
 
 
 def subset_tables(cells: Sequence[CellResult]) -> list[Table]:
@@ -144,6 +146,48 @@ def subset_tables(cells: Sequence[CellResult]) -> list[Table]:
                   "over the cell's tests", ("cell", "metric", "model_a", "model_b",
                                             "delta_mean", "delta_sd", "inputs", "p", "p_holm"),
                   tuple(tests))]
+
+
+def radius_test_tables(cells: Sequence[CellResult]) -> list[Table]:
+    """The method's certification test (`cbcert.robustness.certification.radius_tests`):
+    ΔR̄ (mean radius over correctly predicted inputs) of the first model against each other
+    per subset, paired t-test over the subsets, Holm across the cells of one family — the σ
+    cells of the latent space, the ρ cells of concept space, the fixed-count cells — per pair.
+    Read from each cell's records at the subsets its summary lists (``subsets.indices``)."""
+    families: dict[str, list[tuple[CellResult, dict]]] = {}
+    for cell in cells:
+        s = cell.summary
+        subsets = s.get("subsets") if cell.kind == "certify" else None
+        if not subsets or s.get("mode") != "certify" or cell.path is None \
+                or "indices" not in subsets:
+            continue
+        path = cell.path / RECORDS
+        try:
+            records = read_records(path, key=lambda r: (r["index"], r["model"]), repair=False)
+            per_model = {m: radius_of_correct_by_subset(records, m, subsets["indices"])
+                         for m in s["models"]}
+        except (RecordsError, KeyError, TypeError, ValueError) as err:
+            raise DamagedFileError(f"{path}: {err} (the records do not match the summary's "
+                                   "subsets; rerun the cell)") from None
+        families.setdefault(s["noise"], []).append((cell, per_model))
+    rows = []
+    for noise, family in families.items():
+        models = list(family[0][1])
+        tests = radius_tests([(c.name, pm) for c, pm in family],
+                             [(models[0], m) for m in models[1:]])
+        scale = {c.name: c.summary["scale"] for c, _ in family}
+        rows += [(t["cell"], noise, scale[t["cell"]], t["model_a"], t["model_b"], t["subsets"],
+                  t["delta"]["mean"], t["delta"]["sd"], t["t"], t["df"], t["p"], t["p_holm"])
+                 for t in tests]
+    if not rows:
+        return []
+    return [Table("certification_radius_tests",
+                  "The method's certification test: Δ = R̄_a − R̄_b (mean radius over correctly "
+                  "predicted inputs) per subset, mean ± sd; paired two-sided t-test over the "
+                  "subsets; p_holm: Holm across the cells of one noise (every σ, every ρ, every "
+                  "m) for each pair",
+                  ("cell", "noise", "scale", "model_a", "model_b", "subsets", "delta_mean",
+                   "delta_sd", "t", "df", "p", "p_holm"), tuple(rows))]
 
 
 SETTINGS_COLUMNS = ("alpha", "n0", "n", "bound", "schedule")

@@ -112,4 +112,78 @@ def records_subset_summary(records: Sequence[dict], models: Sequence[str], *, nu
     return out
 
 
-__all__ = ["TESTED", "records_subset_summary", "subset_summary"]
+def radius_of_correct_by_subset(records: Sequence[dict], model: str,
+                                indices: Sequence[Sequence[int]]) -> np.ndarray:
+    """``R̄_j``, the mean certified radius over the correctly predicted inputs of subset j, for
+    one model: ``[k]`` float64, NaN for a subset without a correct input.
+
+    Args:
+      records: a certification run's records (``index``, ``model``, ``label``,
+        ``prediction``, ``radius``; abstentions ``prediction = -1``, ``radius = None``).
+      indices: ``[k][n]`` input indices of the subsets (the summary's ``subsets.indices``).
+    Raises:
+      ValueError naming the model and index if a subset's input has no record.
+    """
+    by_index = {r["index"]: r for r in records if r["model"] == model}
+    out = np.full(len(indices), np.nan)
+    for j, subset in enumerate(indices):
+        radii = []
+        for i in subset:
+            if i not in by_index:
+                raise ValueError(f"model {model!r}: no record of input {i} (subset {j})")
+            r = by_index[i]
+            if r["prediction"] == r["label"] and r.get("radius") is not None:
+                radii.append(float(r["radius"]))
+        if radii:
+            out[j] = float(np.mean(radii))
+    return out
+
+
+def radius_tests(cells: Sequence[tuple[str, Mapping[str, np.ndarray]]],
+                 comparisons: Sequence[tuple[str, str]]) -> list[dict]:
+    """The method's certification test: ΔR̄ between two models, paired t-test over the
+    subsets, Holm across the cells (σ, or ρ) of one space.
+
+    For cell c and pair (a, b): ``Δ_j = R̄_a,j − R̄_b,j`` over the subsets j where both models
+    have a correct input (`radius_of_correct_by_subset`), and the paired two-sided t-test of
+    `stats.paired_ttest` (``df = k' − 1``; needs k' ≥ 2, else p is None). The p-values of one
+    pair across the cells are Holm-corrected together (`stats.holm`); a test without a p
+    (fewer than 2 usable subsets, or a constant non-zero Δ, where the t-test has no answer)
+    takes no part in the correction and gets no adjusted p.
+
+    Args:
+      cells: ``(cell name, {model: R̄[k]})`` for the cells of one family (e.g. every σ of
+        the latent space), in report order.
+      comparisons: ``(a, b)`` model pairs; Δ = R̄_a − R̄_b.
+    Returns:
+      One dict per cell and pair: ``{"cell", "model_a", "model_b", "subsets", "delta":
+      {"mean", "sd"}, "t", "df", "p", "p_holm"}`` (None where undefined).
+    """
+    rows = []
+    for a, b in comparisons:
+        family = []
+        for name, per_model in cells:
+            if a not in per_model or b not in per_model:
+                continue
+            ra, rb = np.asarray(per_model[a]), np.asarray(per_model[b])
+            usable = np.isfinite(ra) & np.isfinite(rb)
+            row = {"cell": name, "model_a": a, "model_b": b, "subsets": int(usable.sum()),
+                   "delta": {"mean": None, "sd": None}, "t": None, "df": None, "p": None,
+                   "p_holm": None}
+            if usable.sum() >= 2:
+                test = stats.paired_ttest(ra[usable], rb[usable])
+                row.update(delta={"mean": test.mean, "sd": test.sd}, df=test.df,
+                           t=test.statistic if np.isfinite(test.statistic) else None,
+                           p=test.pvalue if np.isfinite(test.pvalue) else None)
+            family.append(row)
+        tested = [row for row in family if row["p"] is not None]
+        if tested:
+            for row, adjusted in zip(tested, stats.holm(np.array([r["p"] for r in tested])),
+                                     strict=True):
+                row["p_holm"] = float(adjusted)
+        rows += family
+    return rows
+
+
+__all__ = ["TESTED", "radius_of_correct_by_subset", "radius_tests", "records_subset_summary",
+           "subset_summary"]
