@@ -17,13 +17,13 @@ from cbcert.report.figures import robustness_gaps
 from cbcert.report.write import REPORT_DIR, write_report
 from cbcert.runs import sweep
 
-WORLDS = ("default", "k8")
-FAMILIES = {"default": "class similarity", "k8": "vocabulary"}
+WORLDS = ("default", "k8", "saturated")
+FAMILIES = {"default": "class similarity", "k8": "vocabulary", "saturated": "saturated"}
 
 
 @pytest.fixture(scope="module")
 def run_dir(paper_run, tmp_path_factory):
-    """A copy of the reduced paper run (default and k8) plus a third world the sweep has not
+    """A copy of the reduced paper run (default, k8, saturated) plus a third world the sweep has not
     reached yet (e.g. another shard's): listed in the manifest, no directory."""
     out = tmp_path_factory.mktemp("mw") / "run"
     shutil.copytree(paper_run, out)
@@ -72,7 +72,7 @@ def test_stacked_tables_hold_each_worlds_rows_under_its_name(run_dir, notes):
         set(WORLDS)
     similarity = _csv(run_dir / REPORT_DIR / "worlds_class_similarity.csv")
     assert [r["world"] for r in similarity] == list(WORLDS)
-    assert [int(r["classes"]) for r in similarity] == [10, 10]
+    assert [int(r["classes"]) for r in similarity] == [10, 10, 10]
     assert all(float(r["min_distance"]) <= float(r["mean_distance"]) for r in similarity)
 
 
@@ -94,7 +94,7 @@ def test_gap_table_row_of_a_world_is_its_own_gaps(run_dir, notes):
 def test_cross_world_figures_are_written_or_noted(run_dir, notes):
     for name in ("robustness_gap_worlds", "pfr_worlds_eps", "pfr_worlds_tau", "pfr_worlds_sigma",
                  "pfr_worlds_rho", "radius_worlds", "delta_pfr_worlds", "class_distances_worlds",
-                 "attacks_worlds"):
+                 "attacks_worlds", "pfr_models_worlds"):
         assert (run_dir / REPORT_DIR / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert not any("skipped" in n for n in notes)
     assert (run_dir / "default" / REPORT_DIR / "class_distances.png").is_file()

@@ -20,9 +20,10 @@ def pyplot():
 
 
 def save(fig, path: Path) -> Path:
-    """Lay out ``fig``, write it to ``path`` (PNG at 120 dpi), close it; returns ``path``."""
+    """Lay out ``fig``, write it to ``path`` (PNG at 120 dpi, cropped to what is drawn, so no
+    title, label or colour-bar caption is cut off), close it; returns ``path``."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight", pad_inches=0.05)
     pyplot().close(fig)
     return path
 

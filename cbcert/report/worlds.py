@@ -6,13 +6,16 @@ Reads every world directory's finished cells (`find_cells`) and writes, into ``<
   perturb and its tests, attack, the classes' distance matrices): the rows of every world
   under leading ``world`` and ``family`` columns (columns a world lacks are empty);
 * ``worlds_gap.csv`` and ``robustness_gap_worlds.png``: the std-vs-cbm gaps (`robustness_gaps`),
-  one row per world, one column per budget × metric — the method's headline heatmap;
+  one row per world, one column per budget × metric; the figure draws one heatmap per unit
+  (fractions of ΔPFR, ΔSmAcc, ΔRobAcc; L2 and Hamming ΔACR apart), each on its own scale;
 * ``pfr_worlds_<kind>.png``: PFR vs ε (τ, σ, ρ), a row of panels per world family, a panel per
   model, a line per world;
+* ``pfr_models_worlds.png``: every model's PFR in one panel, a row per world, a column per
+  budget kind, titles coloured by perturbation type (geometric ε, σ; semantic τ, ρ);
 * ``radius_worlds.png``: ACR and the radius of correct inputs per certification cell, world and
   model (std vs cbm vs proto);
-* ``delta_pfr_worlds.png``: ΔPFR = PFR_std − PFR_m at each world's largest ε, with the Holm-
-  corrected permutation p of the perturb tests;
+* ``delta_pfr_worlds.png``: ΔPFR = PFR_std − PFR_m at each world's largest ε (geometric) and
+  smallest τ (semantic), with the Holm-corrected permutation p of the perturb tests;
 * ``class_distances_worlds.png`` and ``worlds_class_similarity.csv``: the class-centroid
   distance heatmap of every world, and per world its mean and smallest centroid distance;
 * ``attacks_worlds.png``: robust accuracy at each attack cell's largest ε per world and model.
@@ -135,24 +138,70 @@ def gap_table(worlds: Sequence[WorldCells]) -> Table | None:
                  "robust)", ("world", "family", *columns), rows)
 
 
+# Perturbation types by colour in every cross-world figure: geometric (latent shifts ε, latent
+# noise σ, latent attacks) and semantic (concept flips τ, flip noise ρ, m, concept attacks).
+TYPE_COLOURS = {"geometric": "tab:blue", "semantic": "tab:orange"}
+
+
+def perturbation_type(column: str) -> str:
+    """``geometric`` or ``semantic`` for a `gap_columns` column (``ΔPFR τ=1`` → semantic,
+    ``ΔRobAcc ε=0.03 attack-concept`` → semantic, ``ΔACR σ=0.1`` → geometric)."""
+    budget = column.split(" ", 1)[1] if " " in column else column
+    if "attack-concept" in budget or budget.split("=")[0] in ("τ", "ρ", "m"):
+        return "semantic"
+    return "geometric"
+
+
+def _gap_groups(columns: Sequence[str]) -> list[tuple[str, list[int]]]:
+    """Column indices per unit: ΔPFR, ΔSmAcc, ΔRobAcc (fractions, one panel each), ΔACR of
+    L2 radii (σ cells) and ΔACR of Hamming radii (ρ, m cells) apart — one unit per scale."""
+    groups: dict[str, list[int]] = {}
+    names = {"ΔPFR": "ΔPFR = PFR_std − PFR_cbm", "ΔSmAcc": "ΔSmAcc = cbm − std",
+             "ΔACR": "ΔACR = cbm − std (L2 radius)", "ΔACR-H": "ΔACR-H = cbm − std (Hamming)",
+             "ΔRobAcc": "ΔRobAcc = cbm − std"}
+    for j, column in enumerate(columns):
+        metric = column.split(" ")[0]
+        if metric == "ΔACR" and perturbation_type(column) == "semantic":
+            metric = "ΔACR-H"
+        groups.setdefault(metric, []).append(j)
+    return [(names.get(m, m), idx) for m, idx in groups.items()]
+
+
 def figure_gap_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
-    """Heatmap of `gap_columns`: a row per world, a column per budget × metric."""
+    """The std-vs-cbm gaps of `gap_columns`: a heatmap per unit (`_gap_groups`), each with its
+    own symmetric colour scale (positive = CBM more robust, blue), a row per world, budget
+    labels coloured by perturbation type (`TYPE_COLOURS`), values annotated."""
     columns, data = gap_columns(worlds)
     if not columns:
         return None
     plt = pyplot()
-    bound = max(float(np.nanmax(np.abs(data))), 1e-9)
-    fig, ax = plt.subplots(figsize=(2.5 + 0.55 * len(columns), 1.6 + 0.45 * len(worlds)))
-    image = ax.imshow(np.ma.masked_invalid(data), cmap="RdBu", vmin=-bound, vmax=bound,
-                      aspect="auto")
-    ax.set_xticks(range(len(columns)), columns, rotation=60, ha="right", fontsize=7)
-    ax.set_yticks(range(len(worlds)), [_world_label(w) for w in worlds], fontsize=8)
-    if len(columns) <= 30:
-        for (i, j), v in np.ndenumerate(data):
+    groups = _gap_groups(columns)
+    widest = max(len(idx) for _, idx in groups)
+    fig, axes = plt.subplots(len(groups), 1, squeeze=False, figsize=(
+        3.5 + 0.6 * widest, sum(1.4 + 0.32 * len(worlds) for _ in groups)))
+    for ax, (title, idx) in zip(axes[:, 0], groups, strict=True):
+        part = data[:, idx]
+        bound = float(np.nanmax(np.abs(part))) if np.isfinite(part).any() else 0.0
+        bound = bound or 1.0  # all gaps zero: a plain ±1 scale, not ±1e-9
+        image = ax.imshow(np.ma.masked_invalid(part), cmap="RdBu", vmin=-bound, vmax=bound,
+                          aspect="auto")
+        labels = [columns[j].split(" ", 1)[1] for j in idx]
+        ax.set_xticks(range(len(idx)), labels, rotation=40, ha="right", fontsize=7)
+        for tick, j in zip(ax.get_xticklabels(), idx, strict=True):
+            tick.set_color(TYPE_COLOURS[perturbation_type(columns[j])])
+        ax.set_yticks(range(len(worlds)), [_world_label(w) for w in worlds], fontsize=7)
+        for (i, j), v in np.ndenumerate(part):
             if not np.isnan(v):
-                ax.text(j, i, f"{v:+.2f}", ha="center", va="center", fontsize=6)
-    fig.colorbar(image, ax=ax, label="gap (positive = CBM more robust)")
-    ax.set_title("std vs cbm robustness gap across worlds")
+                ax.text(j, i, f"{v:+.2g}", ha="center", va="center", fontsize=6,
+                        color="white" if abs(v) > 0.6 * bound else "black")
+        fig.colorbar(image, ax=ax, fraction=0.04, pad=0.01)
+        ax.set_title(title, fontsize=9, loc="left")
+    handles = [plt.Line2D([], [], color=c, marker="s", linestyle="", label=t)
+               for t, c in TYPE_COLOURS.items()]
+    axes[0, 0].legend(handles=handles, fontsize=7, loc="lower right", bbox_to_anchor=(1, 1.02),
+                      ncol=2, frameon=False, title="budget labels", title_fontsize=7)
+    fig.suptitle("std vs cbm robustness gap per world (positive, blue = CBM more robust)",
+                 fontsize=10)
     return save(fig, path)
 
 
@@ -198,6 +247,50 @@ def figure_pfr_worlds(worlds: Sequence[WorldCells], kind: str, path: Path) -> Pa
     return save(fig, path)
 
 
+_KIND_TYPES = {"eps": "geometric", "sigma": "geometric", "tau": "semantic", "rho": "semantic"}
+
+
+def figure_pfr_models_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
+    """PFR (mean ± sd over subsets) of every model in one panel: a row per world, a column
+    per budget kind (ε, τ, σ, ρ), panel titles coloured by perturbation type — std and the
+    concept models side by side on the same budgets."""
+    kinds = [k for k in ("eps", "tau", "sigma", "rho")
+             if any((c := _perturb(cells)) and any(b["kind"] == k for b in c.summary["budgets"])
+                    for _, _, cells in worlds)]
+    rows = [(name, family, _perturb(cells)) for name, family, cells in worlds
+            if _perturb(cells) is not None]
+    if not kinds or not rows:
+        return None
+    plt = pyplot()
+    fig, axes = plt.subplots(len(rows), len(kinds), squeeze=False, sharey=True,
+                             figsize=(1.0 + 2.7 * len(kinds), 0.6 + 2.2 * len(rows)))
+    for r, (name, family, cell) in enumerate(rows):
+        models = cell.summary["settings"]["models"]
+        for ax, kind in zip(axes[r], kinds, strict=True):
+            budgets = [b for b in cell.summary["budgets"] if b["kind"] == kind]
+            for j, model in enumerate(models):
+                if budgets:
+                    ax.errorbar([b["value"] for b in budgets],
+                                [b["pfr"][model]["mean"] for b in budgets],
+                                yerr=[b["pfr"][model]["sd"] for b in budgets], marker="o",
+                                markersize=3, capsize=2, color=f"C{j + 2}", label=model,
+                                linestyle=("-", "--", ":", "-.")[j % 4],
+                                linewidth=2.2 if j == 0 else 1.2)
+            symbol = _PFR_AXES[kind]
+            ax.set_title(f"{name}: {symbol}" if family is None else
+                         f"{name} ({family}): {symbol}", fontsize=8,
+                         color=TYPE_COLOURS[_KIND_TYPES[kind]])
+            ax.set(ylim=(-0.02, 1.02))
+            ax.tick_params(labelsize=7)
+            if r == len(rows) - 1:
+                ax.set_xlabel(symbol)
+        axes[r, 0].set_ylabel("PFR")
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle("Prediction flip rate of every model per world (titles: blue geometric, "
+                 "orange semantic)", fontsize=10)
+    return save(fig, path)
+
+
 def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
     """ACR (solid) and radius of correct inputs (hatched) per certification cell: groups of
     bars per world, one bar per model."""
@@ -233,36 +326,54 @@ def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | Non
 
 
 def figure_delta_pfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
-    """ΔPFR = PFR_std − PFR_m (mean ± sd over subsets) at each world's largest ε, one bar per
-    world and comparison; Holm-corrected p above each bar."""
-    entries = []
-    for name, _, cells in worlds:
-        cell = _perturb(cells)
-        eps = [b for b in cell.summary["budgets"] if b["kind"] == "eps"] if cell else []
-        if eps:
-            top = max(eps, key=lambda b: b["value"])
-            entries.append((name, top["value"], [c for c in top["comparisons"]
-                                                 if c["model_a"] == "std"]))
-    if not entries:
+    """ΔPFR = PFR_std − PFR_m (mean ± sd over subsets) per world and comparison, a panel per
+    perturbation type: geometric at each world's largest ε, semantic at its smallest τ (the
+    largest τ flips every prediction); Holm-corrected p beyond each error bar."""
+    panels = []
+    for kind, pick, kind_type in (("eps", max, "geometric"), ("tau", min, "semantic")):
+        entries = []
+        for name, _, cells in worlds:
+            cell = _perturb(cells)
+            budgets = [b for b in cell.summary["budgets"] if b["kind"] == kind] if cell else []
+            if budgets:
+                chosen = pick(budgets, key=lambda b: b["value"])
+                entries.append((name, chosen["value"], [c for c in chosen["comparisons"]
+                                                        if c["model_a"] == "std"]))
+        if entries:
+            panels.append((kind, kind_type, entries))
+    if not panels:
         return None
-    pairs = list(dict.fromkeys(c["model_b"] for _, _, cs in entries for c in cs))
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(2 + 1.2 * len(entries) * max(len(pairs), 1) / 2, 3.6))
-    width = 0.8 / max(len(pairs), 1)
-    for j, other in enumerate(pairs):
-        for i, (_, _, comparisons) in enumerate(entries):
-            c = next((c for c in comparisons if c["model_b"] == other), None)
-            if c is None:
-                continue
-            x = i + (j - (len(pairs) - 1) / 2) * width
-            ax.bar(x, c["delta"]["mean"], width, yerr=c["delta"]["sd"], capsize=3,
-                   color=f"C{j}", label=f"std − {other}" if i == 0 else None)
-            ax.annotate(f"p={c['p_holm']:.2g}", (x, c["delta"]["mean"]), fontsize=6,
-                        ha="center", va="bottom" if c["delta"]["mean"] >= 0 else "top")
-    ax.axhline(0, color="0.3", linewidth=0.8)
-    ax.set_xticks(range(len(entries)), [f"{n}\nε={e:g}" for n, e, _ in entries], fontsize=8)
-    ax.set(ylabel="ΔPFR", title="ΔPFR at the largest ε (positive = other model flips less)")
-    ax.legend(fontsize=7)
+    widest = max(len(entries) for _, _, entries in panels)
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, sharey=True,
+                             figsize=(1.5 + (1.0 + 0.9 * widest) * len(panels), 3.8))
+    for ax, (kind, kind_type, entries) in zip(axes[0], panels, strict=True):
+        pairs = list(dict.fromkeys(c["model_b"] for _, _, cs in entries for c in cs))
+        width = 0.8 / max(len(pairs), 1)
+        for j, other in enumerate(pairs):
+            for i, (_, _, comparisons) in enumerate(entries):
+                c = next((c for c in comparisons if c["model_b"] == other), None)
+                if c is None:
+                    continue
+                x = i + (j - (len(pairs) - 1) / 2) * width
+                mean, sd = c["delta"]["mean"], c["delta"]["sd"]
+                ax.bar(x, mean, width, yerr=sd, capsize=3, color=f"C{j + 2}",
+                       label=f"std − {other}" if i == 0 else None)
+                tip = mean + sd if mean >= 0 else mean - sd
+                ax.annotate(f"p={c['p_holm']:.2g}", (x, tip), fontsize=6, ha="center",
+                            va="bottom" if mean >= 0 else "top", xytext=(0, 2 if mean >= 0
+                                                                        else -2),
+                            textcoords="offset points")
+        ax.axhline(0, color="0.3", linewidth=0.8)
+        symbol = _PFR_AXES[kind]
+        ax.set_xticks(range(len(entries)), [f"{n}\n{symbol}={v:g}" for n, v, _ in entries],
+                      fontsize=7)
+        ax.set_title(f"{kind_type}: {'largest' if kind == 'eps' else 'smallest'} {symbol}",
+                     fontsize=9, color=TYPE_COLOURS[kind_type])
+        ax.margins(y=0.15)
+        ax.legend(fontsize=7)
+    axes[0, 0].set_ylabel("ΔPFR (positive: the other model flips less)")
+    fig.suptitle("ΔPFR between std and each model, per world", fontsize=10)
     return save(fig, path)
 
 
@@ -338,6 +449,7 @@ def cross_world_figures(worlds: Sequence[WorldCells], out: Path,
         ("robustness_gap_worlds.png", lambda p: figure_gap_worlds(worlds, p)),
         *((f"pfr_worlds_{k}.png", lambda p, k=k: figure_pfr_worlds(worlds, k, p))
           for k in ("eps", "tau", "sigma", "rho")),
+        ("pfr_models_worlds.png", lambda p: figure_pfr_models_worlds(worlds, p)),
         ("radius_worlds.png", lambda p: figure_radius_worlds(worlds, p)),
         ("delta_pfr_worlds.png", lambda p: figure_delta_pfr_worlds(worlds, p)),
         ("class_distances_worlds.png", lambda p: figure_class_distances_worlds(worlds, p)),
