@@ -94,7 +94,7 @@ def test_gap_table_row_of_a_world_is_its_own_gaps(run_dir, notes):
 def test_cross_world_figures_are_written_or_noted(run_dir, notes):
     for name in ("robustness_gap_worlds", "pfr_worlds_eps", "pfr_worlds_tau", "pfr_worlds_sigma",
                  "pfr_worlds_rho", "radius_worlds", "delta_pfr_worlds", "class_distances_worlds",
-                 "attacks_worlds", "pfr_models_worlds"):
+                 "attacks_worlds", "pfr_models_worlds", "dfs_cfr_worlds"):
         assert (run_dir / REPORT_DIR / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert not any("skipped" in n for n in notes)
     assert (run_dir / "default" / REPORT_DIR / "class_distances.png").is_file()

@@ -12,6 +12,8 @@ Reads every world directory's finished cells (`find_cells`) and writes, into ``<
   model, a line per world;
 * ``pfr_models_worlds.png``: every model's PFR in one panel, a row per world, a column per
   budget kind, titles coloured by perturbation type (geometric ε, σ; semantic τ, ρ);
+* ``dfs_cfr_worlds.png``: the concept model's decision shift (DFS) against the fraction of
+  concepts flipped (CFR) at every budget, colour by perturbation type, marker by world;
 * ``radius_worlds.png``: ACR and the radius of correct inputs per certification cell, world and
   model (std vs cbm vs proto);
 * ``delta_pfr_worlds.png``: ΔPFR = PFR_std − PFR_m at each world's largest ε (geometric) and
@@ -291,6 +293,43 @@ def figure_pfr_models_worlds(worlds: Sequence[WorldCells], path: Path) -> Path |
     return save(fig, path)
 
 
+def figure_dfs_cfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
+    """DFS (the concept model's decision shift, mean over subsets) against CFR (the fraction of
+    concepts flipped) at every budget: a panel per concept model with DFS, a point per world
+    and budget, colour by perturbation type (`TYPE_COLOURS`), marker by world — how far a
+    budget moves the concept model's decision per concept it flips."""
+    points: dict[str, list[tuple[int, str, float, float]]] = {}
+    names = []
+    for name, _, cells in worlds:
+        cell = _perturb(cells)
+        if cell is None:
+            continue
+        names.append(name)
+        for b in cell.summary["budgets"]:
+            for model, dfs in b.get("dfs", {}).items():
+                points.setdefault(model, []).append((len(names) - 1, _KIND_TYPES[b["kind"]],
+                                                     b["cfr"]["mean"], dfs["mean"]))
+    if not points:
+        return None
+    plt = pyplot()
+    markers = "osD^v<>PX*"
+    fig, axes = plt.subplots(1, len(points), squeeze=False, figsize=(1.5 + 3.8 * len(points),
+                                                                      3.8))
+    for ax, (model, pts) in zip(axes[0], points.items(), strict=True):
+        for w, kind_type, cfr, dfs in pts:
+            ax.scatter(cfr, dfs, color=TYPE_COLOURS[kind_type], marker=markers[w % len(markers)],
+                       s=22, alpha=0.85)
+        ax.set(xlabel="CFR (fraction of concepts flipped)", ylabel=f"DFS of {model}",
+               title=f"{model}: decision shift vs concept flips")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=c, label=t) for t, c in TYPE_COLOURS.items()]
+    handles += [plt.Line2D([], [], color="0.3", marker=markers[w % len(markers)],
+                           linestyle="", label=n) for w, n in enumerate(names)]
+    axes[0, -1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return save(fig, path)
+
+
 def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
     """ACR (solid) and radius of correct inputs (hatched) per certification cell: groups of
     bars per world, one bar per model."""
@@ -450,6 +489,7 @@ def cross_world_figures(worlds: Sequence[WorldCells], out: Path,
         *((f"pfr_worlds_{k}.png", lambda p, k=k: figure_pfr_worlds(worlds, k, p))
           for k in ("eps", "tau", "sigma", "rho")),
         ("pfr_models_worlds.png", lambda p: figure_pfr_models_worlds(worlds, p)),
+        ("dfs_cfr_worlds.png", lambda p: figure_dfs_cfr_worlds(worlds, p)),
         ("radius_worlds.png", lambda p: figure_radius_worlds(worlds, p)),
         ("delta_pfr_worlds.png", lambda p: figure_delta_pfr_worlds(worlds, p)),
         ("class_distances_worlds.png", lambda p: figure_class_distances_worlds(worlds, p)),
