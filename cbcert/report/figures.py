@@ -109,7 +109,11 @@ def robustness_gaps(cells: Sequence[CellResult]) -> tuple[list[str], list[str], 
 
 
 def figure_gap_heatmap(cells: Sequence[CellResult], path: Path) -> Path | None:
-    """Heatmap of `robustness_gaps` (diverging colours centred on 0, values annotated)."""
+    """Heatmap of `robustness_gaps`, values annotated. Every colour scale holds one unit: the
+    colour of a cell is its gap divided by the largest |gap| of its column — and within
+    ΔACR, of its unit (L2 radii on the σ rows, Hamming radii on the ρ and m rows) — so a
+    fraction is never compared with a radius by colour; budget labels are coloured by
+    perturbation type (blue geometric ε, σ, latent attacks; orange semantic τ, ρ, m)."""
     import numpy as np
 
     rows, columns, values = robustness_gaps(cells)
@@ -118,18 +122,30 @@ def figure_gap_heatmap(cells: Sequence[CellResult], path: Path) -> Path | None:
     data = np.array(values, dtype=np.float64)  # [budgets, metrics]
     keep = ~np.all(np.isnan(data), axis=0)
     data, columns = data[:, keep], [c for c, k in zip(columns, keep, strict=True) if k]
+    semantic = np.array([r.split("=")[0] in ("τ", "ρ", "m") or "attack-concept" in r
+                         for r in rows])
+    scaled = np.full_like(data, np.nan)
+    for j, column in enumerate(columns):
+        groups = [semantic, ~semantic] if column.startswith("ΔACR") else [np.ones_like(semantic)]
+        for rows_of_unit in groups:
+            part = data[rows_of_unit, j]
+            bound = float(np.nanmax(np.abs(part))) if np.isfinite(part).any() else 0.0
+            scaled[rows_of_unit, j] = part / (bound or 1.0)
     plt = pyplot()
-    bound = max(float(np.nanmax(np.abs(data))), 1e-9)
     fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(columns), 1.2 + 0.35 * len(rows)))
-    image = ax.imshow(np.ma.masked_invalid(data), cmap="RdBu", vmin=-bound, vmax=bound,
+    image = ax.imshow(np.ma.masked_invalid(scaled), cmap="RdBu", vmin=-1, vmax=1,
                       aspect="auto")
     ax.set_xticks(range(len(columns)), columns, rotation=20, ha="right")
     ax.set_yticks(range(len(rows)), rows)
+    for tick, is_semantic in zip(ax.get_yticklabels(), semantic, strict=True):
+        tick.set_color("tab:orange" if is_semantic else "tab:blue")
     for (i, j), v in np.ndenumerate(data):
         if not np.isnan(v):
-            ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=8)
-    fig.colorbar(image, ax=ax, label="gap (positive = CBM more robust)")
-    ax.set_title("std vs cbm robustness gap")
+            ax.text(j, i, f"{v:+.3g}", ha="center", va="center", fontsize=8,
+                    color="white" if abs(scaled[i, j]) > 0.6 else "black")
+    fig.colorbar(image, ax=ax, label="gap ÷ largest |gap| of its column and unit\n"
+                                     "(positive = CBM more robust)")
+    ax.set_title("std vs cbm robustness gap (labels: blue geometric, orange semantic)")
     return save(fig, path)
 
 
