@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from cbcert.nn.layers import PatchConv, conv2d
+from cbcert.nn.layers import PatchConv, TorchBatchNorm, conv2d
 
 BN_EPS = 1e-5  # torch.nn.BatchNorm2d default; flax's default (1e-6) would change the outputs
 # PixPNet's names for the points where a torchvision ResNet can be cut ("conv1" = after its ReLU).
@@ -104,9 +104,10 @@ def conv(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs,
                   rngs=rngs)
 
 
-def batch_norm(channels: int, rngs: nnx.Rngs) -> nnx.BatchNorm:
-    """Inference-mode batch norm: ``(x - running_mean) / sqrt(running_var + 1e-5) * w + b``."""
-    return nnx.BatchNorm(channels, use_running_average=True, epsilon=BN_EPS, rngs=rngs)
+def batch_norm(channels: int, rngs: nnx.Rngs) -> TorchBatchNorm:
+    """Inference-mode batch norm: ``(x - running_mean) / sqrt(running_var + 1e-5) * w + b``;
+    in training mode (``module.train()``, the trainers) PyTorch's (`TorchBatchNorm`)."""
+    return TorchBatchNorm(channels, use_running_average=True, epsilon=BN_EPS, rngs=rngs)
 
 
 def max_pool_3x3_s2(x: jax.Array) -> jax.Array:

@@ -130,3 +130,35 @@ def conv2d(cin: int, cout: int, size: int, *, stride: int = 1, padding: int = 0,
     accelerators)."""
     return PatchConv(cin, cout, size, stride=stride, padding=padding, use_bias=use_bias,
                      draw_bias_key=True, rngs=rngs)
+
+
+class TorchBatchNorm(nnx.BatchNorm):
+    """``nnx.BatchNorm`` whose training mode is ``torch.nn.BatchNorm2d``'s: what the trainers
+    of converted torchvision models need for their one-step PyTorch parity.
+
+    Inference (``use_running_average=True``, how every ported model is built and run) is
+    ``nnx.BatchNorm``'s, unchanged. Training, on ``x[..., C]`` with n values per channel:
+    normalise by the batch mean μ and the biased variance v (two-pass, ``mean((x − μ)²)``),
+    ``y = (x − μ) / sqrt(v + ε) · scale + bias``, and update the running statistics as
+    PyTorch does with its momentum 0.1: ``mean ← 0.9 mean + 0.1 μ`` and
+    ``var ← 0.9 var + 0.1 · v · n / (n − 1)`` (the unbiased variance; flax's own BatchNorm
+    keeps the biased one with momentum 0.99).
+    """
+
+    TORCH_MOMENTUM = 0.1
+
+    def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
+        running = self.use_running_average if use_running_average is None \
+            else use_running_average
+        if running or mask is not None:
+            return super().__call__(x, use_running_average, mask=mask)
+        axes = tuple(range(x.ndim - 1))
+        mean = jnp.mean(x, axis=axes)  # [C]
+        var = jnp.mean(jnp.square(x - mean), axis=axes)  # [C], biased
+        n = x.size // x.shape[-1]
+        m = self.TORCH_MOMENTUM
+        self.mean[...] = jax.lax.stop_gradient((1 - m) * self.mean[...] + m * mean)
+        self.var[...] = jax.lax.stop_gradient((1 - m) * self.var[...]
+                                              + m * var * (n / max(n - 1, 1)))
+        y = (x - mean) * jax.lax.rsqrt(var + self.epsilon)
+        return y * self.scale[...] + self.bias[...]

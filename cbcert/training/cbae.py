@@ -175,8 +175,8 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
 
     def run(params, stats, fn):
         """``fn(module)`` in training mode; returns its value and the updated BN statistics."""
-        module = nnx.merge(train_graphdef, _filled(param_template, params),
-                           _filled(stat_template, stats))
+        module = nnx.merge(train_graphdef, filled(param_template, params),
+                           filled(stat_template, stats))
         out = fn(module)
         return out, nnx.to_pure_dict(nnx.state(module, nnx.BatchStat))
 
@@ -238,7 +238,7 @@ def _autoencode(m: CBAE, w: jax.Array) -> tuple[jax.Array, jax.Array]:
     return c, m.decode(c)
 
 
-def _filled(template: nnx.State, pure: dict) -> nnx.State:
+def filled(template: nnx.State, pure: dict) -> nnx.State:
     """A copy of ``template`` (fresh Variables, the module is untouched) holding ``pure``."""
     state = jax.tree.map(lambda x: x, template)
     nnx.replace_by_pure_dict(state, pure)
@@ -248,7 +248,7 @@ def _filled(template: nnx.State, pure: dict) -> nnx.State:
 def trained_module(model: CBAE, state: TrainState) -> CBAE:
     """``model`` (eval mode) carrying ``state``'s parameters and running statistics."""
     graphdef, params, stats = nnx.split(model, nnx.Param, nnx.BatchStat)
-    out = nnx.merge(graphdef, _filled(params, state.params), _filled(stats, state.batch_stats))
+    out = nnx.merge(graphdef, filled(params, state.params), filled(stats, state.batch_stats))
     out.set_attributes(use_running_average=True)
     return out
 

@@ -10,8 +10,6 @@ labeler, settings and concepts it was trained with) and ``metrics`` (``cbae.eval
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +19,9 @@ import jax.numpy as jnp
 
 from cbcert.generators.base import Generator
 from cbcert.generators.cbae import CBAE, CBAEConfig
-from cbcert.io import checkpoint
 from cbcert.io.registry import save_module
 from cbcert.schema import ConfigError
+from cbcert.training import progress
 from cbcert.training.cbae import (
     CBAETrainConfig,
     Labeler,
@@ -37,7 +35,7 @@ from cbcert.training.cbae import (
 
 KIND = "cbae"
 PROGRESS_KIND = "cbae-progress"
-PROGRESS = "progress"
+PROGRESS = progress.PROGRESS
 
 
 def _progress_tree(state: TrainState) -> dict:
@@ -48,30 +46,9 @@ def _progress_tree(state: TrainState) -> dict:
 def save_progress(out: Path, state: TrainState, identity: dict, cbae_config: CBAEConfig
                   ) -> None:
     """Write ``out/progress`` (full train state + identity) atomically via a temporary copy."""
-    tmp = out / f"{PROGRESS}.tmp"
-    checkpoint.save(tmp, _progress_tree(state), {
+    progress.save_progress(out, _progress_tree(state), {
         "kind": PROGRESS_KIND, "config": dataclasses.asdict(cbae_config), "step": state.step,
-        "identity": identity}, replace=True)
-    final = out / PROGRESS
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    """``{"a": {"b": 1}} -> {"a.b": 1}`` after a JSON round trip (tuples become lists)."""
-    flat = {}
-    for key, value in json.loads(json.dumps(tree)).items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _out_error(out: Path, detail: str) -> ConfigError:
-    """The output directory ``out`` cannot take this run (key ``out``; ``detail`` says why)."""
-    return ConfigError(f"{out}: {detail}", key="out", value=str(out), detail=detail)
+        "identity": identity})
 
 
 def load_progress(out: Path, template: TrainState, identity: dict) -> TrainState | None:
@@ -81,25 +58,12 @@ def load_progress(out: Path, template: TrainState, identity: dict) -> TrainState
       ConfigError: (key ``out``) the saved run was started with different settings (names
         the first one).
     """
-    for name in (PROGRESS, f"{PROGRESS}.tmp"):
-        path = out / name
-        if not (path / checkpoint.MANIFEST).is_file():
-            continue
-        try:
-            manifest = checkpoint.read_manifest(path)
-        except checkpoint.CheckpointError:
-            continue  # a torn temporary copy; the other one is complete
-        saved, wanted = _flat(manifest.get("identity", {})), _flat(identity)
-        for key in sorted(set(saved) | set(wanted)):
-            if saved.get(key) != wanted.get(key):
-                was, now = json.dumps(saved.get(key)), json.dumps(wanted.get(key))
-                raise _out_error(out, f"holds an unfinished run with {key}={was}, not {now}; "
-                                      "use another output directory, or the same settings to "
-                                      "resume")
-        tree, _ = checkpoint.load(path, _progress_tree(template), manifest)
-        return TrainState(tree["params"], tree["batch_stats"], tree["opt_recon"],
-                          tree["opt_interv"], int(manifest["step"]))
-    return None
+    saved = progress.load_progress(out, _progress_tree(template), identity)
+    if saved is None:
+        return None
+    tree, manifest = saved
+    return TrainState(tree["params"], tree["batch_stats"], tree["opt_recon"],
+                      tree["opt_interv"], int(manifest["step"]))
 
 
 def write_cbae(out: Path, cbae: CBAE, metadata: dict) -> dict:
@@ -117,17 +81,7 @@ def out_status(out: Path) -> str:
       ConfigError: (key ``out``) a non-empty directory that is neither (refuse to overwrite
         user files).
     """
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        return "new"
-    if not out.is_dir():
-        raise _out_error(out, "exists and is not a directory")
-    names = {p.name for p in out.iterdir()}
-    if checkpoint.MANIFEST in names:
-        return "done"
-    if names <= {PROGRESS, f"{PROGRESS}.tmp"}:
-        return "partial"
-    raise _out_error(out, f"a non-empty directory that is not a CB-AE run (holds "
-                          f"{sorted(names)[:3]}); choose a new or empty directory")
+    return progress.out_status(out, "CB-AE")
 
 
 def run(generator: Generator, labeler: Labeler, concept_names: tuple[str, ...], config:
@@ -166,7 +120,7 @@ def run(generator: Generator, labeler: Labeler, concept_names: tuple[str, ...], 
     identity = {**identity, "train": config.identity(), "concepts": list(concept_names)}
     status = out_status(out)
     if status == "done":
-        raise _out_error(out, "already holds a trained CB-AE; choose another directory")
+        raise progress.out_error(out, "already holds a trained CB-AE; choose another directory")
     model = new_cbae(cbae_config, config.seed)
     state = init_state(model, config)
     if status == "partial":
