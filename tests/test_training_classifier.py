@@ -154,3 +154,40 @@ def test_an_interrupted_run_resumes_to_the_same_parameters_and_the_loss_falls(tm
     (tmp_path / "c" / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="not a classifier run"):
         run(module(), "resnet18", _batches(x, y), 6, config, tmp_path / "c", **common)
+
+
+def test_an_attribute_labeler_step_equals_pytorch_bce_with_logits():
+    """target="attributes": one step with BCEWithLogitsLoss (mean over images × attributes)
+    equals PyTorch's, Δ parameters within the parity tolerance, loss within 1e-5."""
+    from flax import nnx
+
+    net = torch_resnet("resnet18", num_classes=6, seed=7)
+    before = torchvision.resnet_from_state_dict("resnet18", state_dict_numpy(net))
+    rng = np.random.default_rng(8)
+    x = rng.uniform(0, 1, (4, 32, 32, 3)).astype(np.float32)
+    t = rng.integers(0, 2, (4, 6)).astype(np.float32)
+    config = ClassifierTrainConfig(steps=5, batch_size=4, lr=0.05, schedule="constant",
+                                   target="attributes")
+    state = init_state(before, config)
+    params, stats, _, loss, accuracy = make_step(before, config)(
+        state.params, state.batch_stats, state.opt_state, x, t)
+    after = trained_module(before, type(state)(params, stats, None, 1))
+
+    def torch_step(model, dtype):
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+        xn = torch.from_numpy(((x - MEAN) / STD).transpose(0, 3, 1, 2).copy()).to(dtype)
+        out = torch.nn.functional.binary_cross_entropy_with_logits(
+            model(xn), torch.from_numpy(t).to(dtype))
+        opt.zero_grad()
+        out.backward()
+        opt.step()
+        return float(out.detach()), torchvision.resnet_from_state_dict("resnet18", {
+            k: v.detach().double().numpy().copy() for k, v in model.state_dict().items()})
+
+    loss64, ref64 = torch_step(float64_copy(net), torch.float64)
+    _, ref32 = torch_step(net, torch.float32)
+    assert float(loss) == pytest.approx(loss64, rel=1e-5) and 0 <= float(accuracy) <= 1
+    start = _flat(before, (nnx.Param,))
+    assert_parity(_flat(after, (nnx.Param,)) - start, _flat(ref64, (nnx.Param,)) - start,
+                  _flat(ref32, (nnx.Param,)) - start, "attribute labeler step: Δ parameters")

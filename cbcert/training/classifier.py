@@ -7,7 +7,11 @@ step here equals one ``torch.optim.SGD`` step of the same model on the same batc
   statistics by default, those the converted weights were trained with);
 * the model in training mode: batch norm normalises by the batch statistics and updates its
   running statistics as ``torch.nn.BatchNorm2d`` does (`cbcert.nn.layers.TorchBatchNorm`);
-* loss: mean cross-entropy ``L = −(1/B) Σ_b log softmax(f(x_b))[y_b]``;
+* loss (``target="class"``): mean cross-entropy ``L = −(1/B) Σ_b log softmax(f(x_b))[y_b]``;
+  an attribute labeler (``target="attributes"``, one logit per attribute, the concept
+  classifier a CB-AE is trained with): mean binary cross-entropy over every image and
+  attribute, ``L = −(1/(B·A)) Σ_{b,a} [t log σ(f) + (1 − t) log(1 − σ(f))]``, as
+  ``torch.nn.BCEWithLogitsLoss``;
 * SGD with momentum and weight decay on every parameter (PyTorch's coupled form):
   ``g ← ∇L + λ p``, ``v ← μ v + g``, ``p ← p − η_t v`` (``v = g`` at the first step), with
   ``η_t`` constant or on a cosine from ``lr`` to 0 over ``steps``;
@@ -37,6 +41,7 @@ from cbcert.training.cbae import filled
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SCHEDULES = ("cosine", "constant")
+TARGETS = ("class", "attributes")
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class ClassifierTrainConfig:
       schedule: ``cosine`` (η_t = η (1 + cos(π t / steps)) / 2) or ``constant``.
       seed: the data order and a new head's initialisation.
       mean, std: per-channel input normalisation.
+      target: ``class`` (softmax over classes) or ``attributes`` (a logit per attribute).
     """
 
     steps: int = 2000
@@ -61,6 +67,7 @@ class ClassifierTrainConfig:
     seed: int = 0
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    target: str = "class"
 
     def __post_init__(self):
         checks = (("steps", self.steps >= 1, "an integer ≥ 1"),
@@ -70,7 +77,8 @@ class ClassifierTrainConfig:
                   ("weight_decay", self.weight_decay >= 0, "≥ 0"),
                   ("schedule", self.schedule in SCHEDULES, " or ".join(SCHEDULES)),
                   ("std", len(self.std) == 3 and min(self.std) > 0, "three values > 0"),
-                  ("mean", len(self.mean) == 3, "three values"))
+                  ("mean", len(self.mean) == 3, "three values"),
+                  ("target", self.target in TARGETS, " or ".join(TARGETS)))
         for key, ok, allowed in checks:
             if not ok:
                 value = getattr(self, key)
@@ -140,8 +148,10 @@ def init_state(module: nnx.Module, config: ClassifierTrainConfig) -> TrainState:
 
 
 def make_step(module: nnx.Module, config: ClassifierTrainConfig) -> Callable:
-    """The jitted step ``(params, stats, opt_state, x[B, H, W, 3], y[B]) -> (params, stats,
-    opt_state, loss, accuracy)`` of the module docstring (``x`` in [0, 1], not normalised)."""
+    """The jitted step ``(params, stats, opt_state, x[B, H, W, 3], y) -> (params, stats,
+    opt_state, loss, accuracy)`` of the module docstring (``x`` in [0, 1], not normalised;
+    ``y``: ``int[B]`` classes, or ``{0,1}[B, A]`` attributes with ``target="attributes"``,
+    whose accuracy is over every image and attribute)."""
     module.train()
     graphdef, param_template, stat_template = nnx.split(module, nnx.Param, nnx.BatchStat)
     module.eval()
@@ -153,8 +163,13 @@ def make_step(module: nnx.Module, config: ClassifierTrainConfig) -> Callable:
         model = nnx.merge(graphdef, filled(param_template, params),
                           filled(stat_template, stats))
         logits = model((x - mean) / std)
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-        accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == y)
+        if config.target == "attributes":
+            y = y.astype(logits.dtype)
+            loss = optax.sigmoid_binary_cross_entropy(logits, y).mean()
+            accuracy = jnp.mean((logits > 0) == (y > 0.5))
+        else:
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+            accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == y)
         return loss, (nnx.to_pure_dict(nnx.state(model, nnx.BatchStat)), accuracy)
 
     @compiler.jit
@@ -175,5 +190,6 @@ def trained_module(module: nnx.Module, state: TrainState) -> nnx.Module:
     return out
 
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "SCHEDULES", "ClassifierTrainConfig", "TrainState",
-           "head_name", "init_state", "make_step", "optimizer", "set_classes", "trained_module"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "SCHEDULES", "TARGETS", "ClassifierTrainConfig",
+           "TrainState", "head_name", "init_state", "make_step", "optimizer", "set_classes",
+           "trained_module"]

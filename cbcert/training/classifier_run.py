@@ -37,7 +37,8 @@ from cbcert.training.classifier import (
 PROGRESS_KIND = "classifier-progress"
 
 # (epoch, first batch) -> the batches of that epoch from that one on, each
-# {"image": float32[B, H, W, 3] in [0, 1], "label": int[B]}.
+# {"image": float32[B, H, W, 3] in [0, 1], "label": int[B]} (and "attributes": {0,1}[B, A]
+# for an attribute labeler, config.target = "attributes").
 Batches = Callable[[int, int], Iterable[dict]]
 
 
@@ -55,7 +56,8 @@ def run(module: nnx.Module, kind: str, batches: Batches, batches_per_epoch: int,
 
     Args:
       module: a converted torchvision classifier (its weights are the start; its last layer is
-        replaced when ``num_classes`` differs, `set_classes`).
+        replaced when ``num_classes`` differs, `set_classes`); ``num_classes`` counts the
+        attributes of an attribute labeler.
       kind: its checkpoint kind (``resnet50`` …), kept for the result.
       batches: `Batches`; ``batches_per_epoch``: E ≥ 1 (full batches of ``config.batch_size``).
       out: a new or empty directory, or one holding an unfinished run with the same identity.
@@ -97,9 +99,12 @@ def run(module: nnx.Module, kind: str, batches: Batches, batches_per_epoch: int,
         while state.step < config.steps:
             epoch, index = divmod(state.step, batches_per_epoch)
             for batch in batches(epoch, index):
+                target = (np.asarray(batch["attributes"], np.float32)
+                          if config.target == "attributes"
+                          else np.asarray(batch["label"], np.int32))
                 params, stats, opt_state, loss, accuracy = step_fn(
                     state.params, state.batch_stats, state.opt_state,
-                    np.asarray(batch["image"], np.float32), np.asarray(batch["label"], np.int32))
+                    np.asarray(batch["image"], np.float32), target)
                 state = TrainState(params, stats, opt_state, state.step + 1)
                 logs = {"loss": float(loss), "accuracy": float(accuracy)}
                 if on_step is not None:
