@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import click
 
-from cbcert.cli import certify, convert, empirical, explain, judge, sweep, worlds
+from cbcert.cli import (
+    certify,
+    convert,
+    empirical,
+    explain,
+    judge,
+    sweep,
+    train_classifier,
+    worlds,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -22,6 +31,7 @@ def main() -> None:
     """
 
 
-for _module in (certify, empirical, explain, judge, worlds, convert, sweep):
+# train_classifier adds `certify train classifier` to worlds' `train` group (no own COMMANDS).
+for _module in (certify, empirical, explain, judge, worlds, train_classifier, convert, sweep):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -18,6 +18,9 @@ Structure (SPEC §1, ``g = g2 ∘ D ∘ E ∘ g1``), all maps pure and different
 Every concept has an exact visual meaning (``VOCABULARY``). Classes are concept patterns; the
 label of a concept vector ``b ∈ {0,1}^K`` is its nearest pattern in Hamming distance, which is
 linear in ``b``: ``argmax_k Σ_i (2b_i − 1)(2p_ki − 1) − 10⁻³ k`` (ties to the lower index).
+
+Size: one module for the world's whole definition (config and presets, class patterns, the
+renderer, the generator and its priors) — they share its private structure constants.
 """
 
 from __future__ import annotations

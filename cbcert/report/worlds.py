@@ -24,6 +24,9 @@ Reads every world directory's finished cells (`find_cells`) and writes, into ``<
 
 A figure without data is skipped with a note; each world also gets its own report
 (``<run>/<world>/report/``), linked from ``report.md``.
+
+Size: every cross-world table and figure in one place, on the shared `WorldCells` and the
+perturbation-type colours; each figure is one function.
 """
 
 from __future__ import annotations
