@@ -77,7 +77,7 @@ def train_classifier_cmd(init: Path, dataset: str, out: Path, steps: int, batch_
     import jax
     import numpy as np
 
-    from cbcert.datasets.common import batches
+    from cbcert.datasets.common import DatasetError, batches
     from cbcert.io.checkpoint import CheckpointError
     from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, load_module
     from cbcert.training.classifier import ClassifierTrainConfig
@@ -143,9 +143,10 @@ def train_classifier_cmd(init: Path, dataset: str, out: Path, steps: int, batch_
                          on_step=(lambda step, _: update(step, steps)) if update else None)
     except ConfigError as err:
         raise click.BadParameter(err.detail, param_hint=common.flag_of(err.key)) from None
-    except ValueError as err:  # damaged progress checkpoint, unreadable image (names the file)
-        raise click.BadParameter(str(err), param_hint="--out" if "progress" in str(err)
-                                 else "--dataset") from None
+    except DatasetError as err:  # an image that cannot be decoded (names the file)
+        raise click.BadParameter(str(err), param_hint="--dataset") from None
+    except ValueError as err:  # a damaged progress checkpoint in --out (names the file)
+        raise click.BadParameter(str(err), param_hint="--out") from None
     common.console.print_json(data=result["metrics"])
     common.console.print(f"wrote {out}; use it as a world directory's classifier or with "
                          f"`certify latent --world pixels:IMAGES --classifier {out}`")
