@@ -74,7 +74,6 @@ def train_classifier_cmd(init: Path, dataset: str, out: Path, steps: int, batch_
 
     Example: certify train classifier --init resnet50 --dataset cub:CUB_200_2011 --out std
     """
-    import jax
     import numpy as np
 
     from cbcert.datasets.common import DatasetError, batches
@@ -111,10 +110,11 @@ def train_classifier_cmd(init: Path, dataset: str, out: Path, steps: int, batch_
                        seed=seed, epoch=epoch, shuffle=True, drop_last=True, start=start)
 
     def evaluate(trained) -> dict:
+        from cbcert.engine import compiler
         from cbcert.io.registry import pure_apply
 
         apply_fn, params = pure_apply(trained)
-        logits = jax.jit(lambda p, x: apply_fn(p, (x - mean) / std))
+        logits = compiler.jit(lambda p, x: apply_fn(p, (x - mean) / std))
         correct = total = images = 0
         for batch in batches(test_set.items, batch_size=batch_size, image_size=image_size,
                              seed=seed, shuffle=False):
