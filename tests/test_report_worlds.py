@@ -14,7 +14,7 @@ from cbcert.cli import main
 from cbcert.report import worlds as report_worlds
 from cbcert.report.cells import find_cells
 from cbcert.report.figures import robustness_gaps
-from cbcert.report.write import REPORT_DIR, write_report
+from cbcert.report.write import REPORT_DIR
 from cbcert.runs import sweep
 
 WORLDS = ("default", "k8", "saturated")
@@ -34,10 +34,17 @@ def run_dir(paper_run, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def notes(run_dir):
-    logged = []
-    write_report(run_dir, log=logged.append)
-    return logged
+def cli_report(run_dir):
+    """``certify report`` of the run, once for the module (a multi-world report renders every
+    world's figures: the most expensive step here)."""
+    return CliRunner().invoke(main, ["report", str(run_dir)])
+
+
+@pytest.fixture(scope="module")
+def notes(cli_report):
+    """The report's notes, as the CLI printed them."""
+    assert cli_report.exit_code == 0, cli_report.output
+    return cli_report.output.splitlines()
 
 
 def _budget(label):
@@ -114,7 +121,6 @@ def test_gap_columns_mark_missing_budgets_nan():
     assert math.isnan(values[0, 1]) and math.isnan(values[1, 0])
 
 
-def test_cli_report_of_a_multi_world_sweep(run_dir, notes):
-    result = CliRunner().invoke(main, ["report", str(run_dir)])
-    assert result.exit_code == 0, result.output
-    assert "world late has no finished cell" in result.output
+def test_cli_report_of_a_multi_world_sweep(cli_report):
+    assert cli_report.exit_code == 0, cli_report.output
+    assert "world late has no finished cell" in cli_report.output
