@@ -7,8 +7,8 @@ machine never replace the shipped ones under test, and no test writes into the r
 Subprocesses inherit the setting.
 
 ``paper_run`` is configs/paper.yaml swept and reported at reduced sizes on the shipped weights
-(minutes of compilation, so run once and shared by tests/test_paper.py and
-tests/test_report_worlds.py; tests that change it work on a copy).
+(minutes of compilation and figure drawing, so run and reported once, and shared read-only by
+tests/test_paper.py and tests/test_report_worlds.py).
 
 Compile once: most of the suite's time is XLA compiling programs that other tests, other modules
 (after ``jax.clear_caches`` below) and ``certify`` subprocesses build again. JAX's persistent
@@ -103,13 +103,25 @@ def reduced_paper(data: dict) -> dict:
     return data
 
 
+LATE_WORLD = "late"
+
+
 @pytest.fixture(scope="session")
 def paper_run(tmp_path_factory):
-    """``certify sweep`` + ``certify report`` of `reduced_paper` (a directory; do not modify)."""
+    """``certify sweep`` + ``certify report`` of `reduced_paper` (a directory; do not modify).
+
+    Before the report, the sweep's manifest gains a world the sweep has not reached
+    (``LATE_WORLD``: listed, no directory, as while another shard is still running), so the one
+    report run also covers an unfinished world. The report's printed notes are in
+    `paper_report_output`.
+    """
+    import json
+
     import yaml
     from click.testing import CliRunner
 
     from cbcert.cli import main
+    from cbcert.runs import sweep
 
     tmp = tmp_path_factory.mktemp("paper")
     config = tmp / "paper.yaml"
@@ -118,9 +130,19 @@ def paper_run(tmp_path_factory):
     out = tmp / "run"
     result = CliRunner().invoke(main, ["sweep", str(config), "--out", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
-    result = CliRunner().invoke(main, ["report", str(out), "--quiet"])
+    manifest = json.loads((out / sweep.MANIFEST).read_text())
+    manifest["worlds"].append({"name": LATE_WORLD, "family": ""})
+    (out / sweep.MANIFEST).write_text(json.dumps(manifest))
+    result = CliRunner().invoke(main, ["report", str(out)])
     assert result.exit_code == 0, result.output
+    (tmp / "report.out").write_text(result.output)
     return out
+
+
+@pytest.fixture(scope="session")
+def paper_report_output(paper_run) -> str:
+    """What ``certify report`` printed for `paper_run` (its notes and written files)."""
+    return (paper_run.parent / "report.out").read_text()
 
 
 # Two workers (pytest-xdist, `-n auto` in pyproject.toml) overlap the single-threaded XLA

@@ -5,9 +5,17 @@ import numpy as np
 import pytest
 import torch
 from parity import assert_parity, float64_copy
-from test_convert_resnet import state_dict_numpy, torch_resnet
+from test_convert_resnet import (
+    TorchBasicBlock,
+    TorchResNet,
+    randomize,
+    state_dict_numpy,
+    torch_resnet,
+)
 
 from cbcert.convert import torchvision
+from cbcert.convert.common import fill_module
+from cbcert.models.resnet import ResNetConfig
 from cbcert.schema import ConfigError
 from cbcert.training.classifier import (
     ClassifierTrainConfig,
@@ -36,6 +44,21 @@ def _torch_step(net, x, y, config, dtype):
                          for k, v in net.state_dict().items()}
 
 
+def _small_torch_resnet(num_classes: int, seed: int):
+    """torchvision-layout ResNet with one basic block per stage (every layer kind of
+    ResNet-18: stem, strided and identity shortcuts, BN, head; half its compile time)."""
+    net = TorchResNet(TorchBasicBlock, (1, 1, 1, 1), num_classes)
+    randomize(net, seed)
+    return net.eval()
+
+
+def _small_resnet(tensors):
+    """The Flax `ResNet` of `_small_torch_resnet` holding a state dict ``tensors``."""
+    config = ResNetConfig("basic", (1, 1, 1, 1), num_classes=len(tensors["fc.bias"]))
+    return fill_module(torchvision.abstract_resnet(config), tensors,
+                       torchvision.resnet_table(config), "resnet (1, 1, 1, 1)")
+
+
 def _flat(module, kinds):
     from flax import nnx
 
@@ -46,13 +69,14 @@ def _flat(module, kinds):
 
 def test_one_step_equals_pytorch_sgd_in_train_mode():
     """Loss, the parameter update Δp = p' − p and the new running statistics of one step of
-    ResNet-18 (batch 8, 32 px, momentum, weight decay, BN in training mode) equal PyTorch's,
+    a ResNet of ResNet-18's layers, one block per stage (batch 8, 32 px, momentum, weight
+    decay, BN in training mode) equal PyTorch's,
     each within the parity tolerance of tests/parity.py (float64 PyTorch as the reference,
     float32 PyTorch measuring float32 error); the loss within 1e-5 relative."""
     from flax import nnx
 
-    net = torch_resnet("resnet18", num_classes=5, seed=3)
-    before = torchvision.resnet_from_state_dict("resnet18", state_dict_numpy(net))
+    net = _small_torch_resnet(num_classes=5, seed=3)
+    before = _small_resnet(state_dict_numpy(net))
     rng = np.random.default_rng(4)
     x = rng.uniform(0, 1, (8, 32, 32, 3)).astype(np.float32)
     y = rng.integers(0, 5, 8).astype(np.int32)
@@ -64,8 +88,7 @@ def test_one_step_equals_pytorch_sgd_in_train_mode():
     after = trained_module(before, type(state)(params, stats, None, 1))
     loss64, sd64 = _torch_step(float64_copy(net), x, y, config, torch.float64)
     loss32, sd32 = _torch_step(net, x, y, config, torch.float32)
-    ref64 = torchvision.resnet_from_state_dict("resnet18", sd64)
-    ref32 = torchvision.resnet_from_state_dict("resnet18", sd32)
+    ref64, ref32 = _small_resnet(sd64), _small_resnet(sd32)
     assert float(loss) == pytest.approx(loss64, rel=1e-5)
     start = _flat(before, (nnx.Param,))
     assert_parity(_flat(after, (nnx.Param,)) - start, _flat(ref64, (nnx.Param,)) - start,
@@ -161,8 +184,8 @@ def test_an_attribute_labeler_step_equals_pytorch_bce_with_logits():
     equals PyTorch's, Δ parameters within the parity tolerance, loss within 1e-5."""
     from flax import nnx
 
-    net = torch_resnet("resnet18", num_classes=6, seed=7)
-    before = torchvision.resnet_from_state_dict("resnet18", state_dict_numpy(net))
+    net = _small_torch_resnet(num_classes=6, seed=7)
+    before = _small_resnet(state_dict_numpy(net))
     rng = np.random.default_rng(8)
     x = rng.uniform(0, 1, (4, 32, 32, 3)).astype(np.float32)
     t = rng.integers(0, 2, (4, 6)).astype(np.float32)
@@ -182,7 +205,7 @@ def test_an_attribute_labeler_step_equals_pytorch_bce_with_logits():
         opt.zero_grad()
         out.backward()
         opt.step()
-        return float(out.detach()), torchvision.resnet_from_state_dict("resnet18", {
+        return float(out.detach()), _small_resnet({
             k: v.detach().double().numpy().copy() for k, v in model.state_dict().items()})
 
     loss64, ref64 = torch_step(float64_copy(net), torch.float64)
