@@ -8,6 +8,7 @@ import math
 import re
 
 import pytest
+from conftest import LATE_WORLD
 
 from cbcert.report import worlds as report_worlds
 from cbcert.report.cells import find_cells
@@ -43,12 +44,12 @@ def _csv(path):
 
 
 def test_every_world_gets_its_own_report_and_is_linked(run_dir, notes):
-    assert any("world late has no finished cell" in n for n in notes)
+    assert any(f"world {LATE_WORLD} has no finished cell" in n for n in notes)
     markdown = (run_dir / REPORT_DIR / "report.md").read_text()
     for name in WORLDS:
         assert (run_dir / name / REPORT_DIR / "report.md").is_file()
         assert f"[{name}](../{name}/{REPORT_DIR}/report.md)" in markdown
-    assert "[late]" not in markdown
+    assert f"[{LATE_WORLD}]" not in markdown
 
 
 def test_stacked_tables_hold_each_worlds_rows_under_its_name(run_dir, notes):
@@ -109,6 +110,6 @@ def test_gap_columns_mark_missing_budgets_nan():
 def test_cli_report_of_a_multi_world_sweep(run_dir, notes):
     """The CLI notes the unreached world, says how many files it wrote, and the manifest still names
     the late world (the report reads the manifest, never rewrites it)."""
-    assert any("world late has no finished cell" in n for n in notes)
+    assert any(f"world {LATE_WORLD} has no finished cell" in n for n in notes)
     assert re.search(r"wrote \d+ files to", " ".join(" ".join(notes).split()))
-    assert json.loads((run_dir / sweep.MANIFEST).read_text())["worlds"][-1]["name"] == "late"
+    assert json.loads((run_dir / sweep.MANIFEST).read_text())["worlds"][-1]["name"] == LATE_WORLD
