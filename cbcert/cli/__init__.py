@@ -18,6 +18,7 @@ from cbcert.cli import (
     judge,
     sweep,
     train_classifier,
+    train_pcbm,
     worlds,
 )
 
@@ -31,7 +32,9 @@ def main() -> None:
     """
 
 
-# train_classifier adds `certify train classifier` to worlds' `train` group (no own COMMANDS).
-for _module in (certify, empirical, explain, judge, worlds, train_classifier, convert, sweep):
+# train_classifier and train_pcbm add `certify train classifier|pcbm` to worlds' `train` group
+# (no own COMMANDS).
+for _module in (certify, empirical, explain, judge, worlds, train_classifier, train_pcbm,
+                convert, sweep):
     for _command in _module.COMMANDS:
         main.add_command(_command)

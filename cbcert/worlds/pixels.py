@@ -57,7 +57,8 @@ NORMALIZE = {
     "none": ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
 }
 # What the classifier of a pixels world must be (ConfigError.allowed, key "classifier").
-CLASSIFIERS = "a converted torchvision resnet*/densenet* directory"
+CLASSIFIERS = ("a converted or trained torchvision resnet*/densenet* directory, or a pcbm "
+               "(`certify convert` / `certify train`)")
 
 
 class ImagesError(ValueError):
@@ -281,7 +282,9 @@ def load_pixel_world(images: str | Path, classifier: str | Path | None,
 
     Args:
       images: an ``.npz`` or a folder of PNGs (module docstring).
-      classifier: a converted torchvision resnet*/densenet* directory (`certify convert`).
+      classifier: a torchvision resnet*/densenet* directory (`certify convert`, `certify train
+        classifier`) or a PCBM / PCBM-h (kind ``pcbm``: `certify convert`, `certify train
+        pcbm`).
       normalize: ``imagenet``, ``cifar10`` or ``none``: the per-channel ``(x − mean)/std``
         applied to the (noisy) image before the classifier.
 
@@ -303,14 +306,14 @@ def load_pixel_world(images: str | Path, classifier: str | Path | None,
     except checkpoint.CheckpointError as err:
         raise ConfigError(f"classifier: {err}", key="classifier", value=str(classifier),
                           allowed=CLASSIFIERS) from None
-    if manifest["kind"] not in (*RESNET_NAMES, *DENSENET_NAMES):
+    if manifest["kind"] not in (*RESNET_NAMES, *DENSENET_NAMES, "pcbm"):
         raise ConfigError(f"classifier {shorten(str(classifier))} is kind="
                           f"{shorten(repr(manifest['kind']), 80)}; a pixels world needs a "
-                          "converted torchvision resnet*/densenet*", key="classifier",
+                          "torchvision resnet*/densenet* or a pcbm", key="classifier",
                           value=str(classifier), allowed=CLASSIFIERS)
     apply_fn, params = pure_apply(module)
     embed_fn, _ = pure_apply(module, lambda m, v: m.embed(v))
-    num_classes = int(manifest["config"]["num_classes"])
+    num_classes = int(module.config.num_classes)
     if np.any(y >= num_classes):
         bad = int(np.flatnonzero(y >= num_classes)[0])
         raise _fail(Path(images), f"label {int(y[bad])} of image {bad} is out of range: the "
