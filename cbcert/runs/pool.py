@@ -57,13 +57,20 @@ class Pool:
         return {} if self.asked is None else {"generator_class": int(self.asked[row])}
 
 
+# Indices conditioned together by a world's latent prior (a divisor of agreement_pool's block).
+PRIOR_BLOCK = 64
+
+
 def pool_latents(world, seed: int, start: int, count: int) -> np.ndarray:
     """Latents ``z_i ~ N(0, I)``, i in ``[start, start + count)``: ``[count, d]``.
 
     ``z_i`` is drawn from ``fold_in(fold_in(root, Stream.POOL), i)``, so the pool is the same
     whatever its size or the block in which an index is generated. In a world with a
     ``latent_prior`` (the saturated worlds' class-conditional prior) that draw is then
-    conditioned with the key ``fold_in(fold_in(root, Stream.PRIOR), i)``. A multi-class conditional
+    conditioned with the key ``fold_in(fold_in(root, Stream.PRIOR), i)``, always within the
+    aligned block of `PRIOR_BLOCK` indices that holds i: the prior's matmuls round a row
+    differently with the batch's row count on some CPUs (AVX-512), and a pool input must not
+    depend on the block it is drawn in. A multi-class conditional
     generator's inputs are ``[z_i ; k_i]`` (``[count, d + 1]``): the class position ``k_i`` is
     uniform over its ``classes``, drawn from ``fold_in(fold_in(root, Stream.CLASSES), i)``, so
     ``z_i`` is the same as in a one-class world with the same seed.
@@ -74,11 +81,17 @@ def pool_latents(world, seed: int, start: int, count: int) -> np.ndarray:
     d = gen.latent_dim
     index = np.arange(start, start + count)
     draw = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (d,)))
-    z = np.asarray(draw(index))
-    if world.latent_prior is not None:  # z_i conditioned as the world's prior says
+    if world.latent_prior is None:
+        z = np.asarray(draw(index))
+    else:  # z_i conditioned as the world's prior says, in blocks of PRIOR_BLOCK indices
         prior_key = stream_key(root, Stream.PRIOR)
-        keys = jax.vmap(lambda i: jax.random.fold_in(prior_key, i))(index)
-        z = np.asarray(world.latent_prior(gen.params, z, keys))
+        first = start // PRIOR_BLOCK * PRIOR_BLOCK
+        blocks = []
+        for lo in range(first, start + count, PRIOR_BLOCK):
+            block = np.arange(lo, lo + PRIOR_BLOCK)
+            keys = jax.vmap(lambda i: jax.random.fold_in(prior_key, i))(block)
+            blocks.append(np.asarray(world.latent_prior(gen.params, draw(block), keys)))
+        z = np.concatenate(blocks)[start - first:start - first + count]
     if not gen.classes:
         return z
     class_key = stream_key(root, Stream.CLASSES)
