@@ -69,3 +69,20 @@ def test_every_mapped_file_is_written_and_every_written_file_is_mapped(paper_run
 def test_vocabulary_rows_are_in_the_stacked_tables(paper_run):
     text = (paper_run / "report" / "worlds_perturb.csv").read_text()
     assert ",vocabulary," in text and ",class similarity," in text
+
+
+def test_paper_real_config_is_the_same_protocol_on_world_directories():
+    """configs/paper-real.yaml (docs/real-data.md, step 8) runs paper.yaml's protocol, section
+    for section, on CUB world directories at 18/27/36 PCBM concepts and a RIVAL-10 one; it
+    loads as a sweep config."""
+    from cbcert.runs.config import load_config
+
+    real = yaml.safe_load((ROOT / "configs" / "paper-real.yaml").read_text())
+    paper = yaml.safe_load(PAPER.read_text())
+    assert ({k: v for k, v in real.items() if k not in ("name", "worlds")}
+            == {k: v for k, v in paper.items() if k not in ("name", "worlds")})
+    assert {e["preset"]: e["family"] for e in real["worlds"]} == {
+        "worlds/cub-k18": "vocabulary", "worlds/cub-k27": "vocabulary",
+        "worlds/cub-k36": "vocabulary", "worlds/rival10": "saturated"}
+    config = load_config(ROOT / "configs" / "paper-real.yaml")
+    assert [w.name for w in config.worlds] == ["cub-k18", "cub-k27", "cub-k36", "rival10"]
