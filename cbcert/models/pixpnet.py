@@ -262,10 +262,18 @@ class PixPNet(nnx.Module):
 
     def similarities(self, x: jax.Array) -> jax.Array:
         """Max-pooled prototype similarities (global min-pool of distances): ``-> [B, P]``."""
-        d = jnp.min(self.distances(x), axis=(1, 2))  # [B, P]
+        return self.similarity(jnp.min(self.distances(x), axis=(1, 2)))  # [B, P]
+
+    def similarity(self, d: jax.Array) -> jax.Array:
+        """The distance-to-similarity map of step 5 on min-pooled distances ``d[B, P]``."""
         if self.config.prototype_activation == "log":
             return jnp.log(1.0 / (d + self.config.epsilon) + 1.0)
         return 1.0 - d if self.config.distance == "cosine" else -d
+
+    def readout_from_distances(self, d: jax.Array) -> jax.Array:
+        """Class logits from min-pooled distances ``d[B, P]`` (the trainer's losses read ``d``
+        too): ``-> [B, num_classes]``."""
+        return self.read_out(self.similarity(d))
 
     def class_weights(self) -> tuple[jax.Array, jax.Array]:
         """The readout as ``(W[C, P], owner[P])``: logits ``= s Wᵀ`` (no bias) and the class
@@ -284,7 +292,10 @@ class PixPNet(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Class logits: ``[B, H, W, 3] -> [B, num_classes]``."""
-        s = self.similarities(x)  # [B, P]
+        return self.read_out(self.similarities(x))
+
+    def read_out(self, s: jax.Array) -> jax.Array:
+        """Step 6, the readout: similarities ``s[B, P] -> logits[B, num_classes]``."""
         if self.readout is not None:
             return self.readout(s)
         grouped = s.reshape(s.shape[0], self.config.num_classes, -1)  # [B, C, P/C]
