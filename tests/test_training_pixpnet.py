@@ -168,3 +168,74 @@ def test_config_refuses_out_of_range_settings():
         assert err.value.key == field
     config = T.PixPNetTrainConfig(warm_steps=2, joint_steps=3, last_steps=1)
     assert [config.phase(s) for s in range(6)] == ["warm"] * 2 + ["joint"] * 3 + ["last"]
+
+
+@pytest.fixture(scope="module")
+def classifier():
+    from cbcert.models.resnet import ResNet, ResNetConfig
+
+    return ResNet(ResNetConfig.from_name("resnet18", num_classes=10), rngs=nnx.Rngs(0))
+
+
+def test_new_pixpnet_keeps_the_classifiers_trunk_and_protopnets_start(classifier):
+    from cbcert.training.pixpnet_run import new_pixpnet
+
+    module = new_pixpnet(classifier, CONFIG, seed=1)
+    np.testing.assert_array_equal(np.asarray(module.backbone.stages[1][0].conv1.kernel[...]),
+                                  np.asarray(classifier.stages[1][0].conv1.kernel[...]))
+    kernel = np.asarray(module.readout.kernel[...])  # [P, C]
+    assert set(np.unique(kernel)) == {-0.5, 1.0}
+    np.testing.assert_array_equal(kernel.argmax(1), T.prototype_owner(8, 4))
+    prototypes = np.asarray(module.prototypes[...])
+    assert prototypes.min() >= 0 and prototypes.max() < 1
+    dense = PixPNetConfig("densenet121", "transition1", 8, 16, 4)
+    with pytest.raises(ConfigError) as err:
+        new_pixpnet(classifier, dense, seed=1)
+    assert err.value.key == "init"
+
+
+def test_interrupted_run_resumes_bit_identically_and_the_loss_falls(classifier, tmp_path):
+    """Every phase and the push: Ctrl-C in the joint phase and again just after the push, then
+    the same call, gives the parameters of an uninterrupted run bit for bit. With one batch
+    repeated, the warm phase's loss falls (deterministic: fixed images and keys)."""
+    from test_convert_resnet import images
+
+    from cbcert.io import checkpoint
+    from cbcert.training.pixpnet_run import new_pixpnet, run
+
+    x = images(16, 32, seed=9)
+    y = np.arange(16, dtype=np.int32) % 4
+
+    def batches(epoch, start):
+        order = np.random.default_rng([epoch]).permutation(16)
+        for b in range(start, 4):
+            rows = order[4 * b:4 * b + 4]
+            yield {"image": x[rows], "label": y[rows]}
+
+    def push_batches():
+        return [{"image": x[:8], "label": y[:8]}, {"image": x[8:], "label": y[8:]}]
+
+    config = T.PixPNetTrainConfig(warm_steps=3, joint_steps=3, last_steps=3, batch_size=4)
+    kwargs = dict(identity={"test": 1}, save_every=2, log=lambda s: None)
+    full = run(new_pixpnet(classifier, CONFIG, 1), batches, 4, push_batches, config,
+               tmp_path / "a", **kwargs)
+    for stop in (5, 7):
+        def on_step(step, _, stop=stop):
+            if step == stop:
+                raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            run(new_pixpnet(classifier, CONFIG, 1), batches, 4, push_batches, config,
+                tmp_path / "b", on_step=on_step, **kwargs)
+    resumed = run(new_pixpnet(classifier, CONFIG, 1), batches, 4, push_batches, config,
+                  tmp_path / "b", **kwargs)
+    assert resumed["steps"] == full["steps"] == 9
+    assert (checkpoint.read_manifest(tmp_path / "a")["params_sha256"]
+            == checkpoint.read_manifest(tmp_path / "b")["params_sha256"])
+
+    losses = []
+    one = {"image": x[:4], "label": y[:4]}
+    run(new_pixpnet(classifier, CONFIG, 1), lambda e, s: iter([one] * (4 - s)), 4,
+        push_batches, T.PixPNetTrainConfig(warm_steps=8, joint_steps=0, last_steps=0,
+                                           batch_size=4), tmp_path / "c",
+        on_step=lambda step, logs: losses.append(logs["loss"]), **kwargs)
+    assert len(losses) == 8 and losses[-1] < losses[0]

@@ -19,6 +19,7 @@ from cbcert.cli import (
     sweep,
     train_classifier,
     train_pcbm,
+    train_pixpnet,
     worlds,
 )
 
@@ -32,9 +33,9 @@ def main() -> None:
     """
 
 
-# train_classifier and train_pcbm add `certify train classifier|pcbm` to worlds' `train` group
-# (no own COMMANDS).
+# train_classifier, train_pcbm and train_pixpnet add `certify train classifier|pcbm|pixpnet`
+# to worlds' `train` group (no own COMMANDS).
 for _module in (certify, empirical, explain, judge, worlds, train_classifier, train_pcbm,
-                convert, sweep):
+                train_pixpnet, convert, sweep):
     for _command in _module.COMMANDS:
         main.add_command(_command)
