@@ -189,3 +189,18 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False  # keep the longest-first order
     return ModuleScheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+def resnet18_dir(tmp_path_factory) -> Path:
+    """A torchvision-architecture ResNet-18 checkpoint (kind ``resnet18``, random weights, 10
+    classes): the starting point the PCBM and PixPNet trainer tests share (do not modify)."""
+    from flax import nnx
+
+    from cbcert.io.registry import save_module
+    from cbcert.models.resnet import ResNet, ResNetConfig
+
+    out = tmp_path_factory.mktemp("resnet18") / "resnet18"
+    module = ResNet(ResNetConfig.from_name("resnet18", num_classes=10), rngs=nnx.Rngs(0))
+    save_module(out, "resnet18", module, {"sources": {}})
+    return out

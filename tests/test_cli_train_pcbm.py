@@ -16,13 +16,10 @@ from cbcert.models.resnet import ResNet, ResNetConfig
 
 
 @pytest.fixture(scope="module")
-def backbone(tmp_path_factory):
-    """A torchvision-architecture ResNet-18 (random weights: the PCBM checkpoint rebuilds the
-    backbone from its name, so it must be the named architecture)."""
-    out = tmp_path_factory.mktemp("backbone") / "resnet18"
-    module = ResNet(ResNetConfig.from_name("resnet18", num_classes=10), rngs=nnx.Rngs(0))
-    save_module(out, "resnet18", module, {"sources": {}})
-    return out
+def backbone(resnet18_dir):
+    """conftest's torchvision-architecture ResNet-18 (the PCBM / PixPNet checkpoints rebuild
+    their backbone from its name, so it must be the named architecture)."""
+    return resnet18_dir
 
 
 @pytest.fixture(scope="module")

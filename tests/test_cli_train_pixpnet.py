@@ -6,21 +6,17 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from flax import nnx
 
 from cbcert.cli import main
 from cbcert.datasets.synthetic import write_cub_layout
-from cbcert.io.registry import load_module, pure_apply, save_module
-from cbcert.models.resnet import ResNet, ResNetConfig
+from cbcert.io.registry import load_module, pure_apply
 
 
 @pytest.fixture(scope="module")
-def init_dir(tmp_path_factory):
-    """A torchvision-architecture ResNet-18 (random weights)."""
-    out = tmp_path_factory.mktemp("init") / "resnet18"
-    module = ResNet(ResNetConfig.from_name("resnet18", num_classes=10), rngs=nnx.Rngs(0))
-    save_module(out, "resnet18", module, {"sources": {}})
-    return out
+def init_dir(resnet18_dir):
+    """conftest's torchvision-architecture ResNet-18 (the PCBM / PixPNet checkpoints rebuild
+    their backbone from its name, so it must be the named architecture)."""
+    return resnet18_dir
 
 
 @pytest.fixture(scope="module")

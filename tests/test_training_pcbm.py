@@ -7,7 +7,6 @@ import warnings
 
 import numpy as np
 import pytest
-from flax import nnx
 
 from cbcert.schema import ConfigError
 from cbcert.training import pcbm as P
@@ -184,10 +183,10 @@ def cub(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def resnet18():
-    from cbcert.models.resnet import ResNet, ResNetConfig
+def resnet18(resnet18_dir):
+    from cbcert.io.registry import load_module
 
-    return ResNet(ResNetConfig.from_name("resnet18", num_classes=10), rngs=nnx.Rngs(0))
+    return load_module(resnet18_dir)[0]
 
 
 def _interrupt_at(stage, when):

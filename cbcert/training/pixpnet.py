@@ -33,6 +33,7 @@ readout's iterations). PyTorch's Adam adds weight decay to the gradient (not Ada
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -177,13 +178,36 @@ def prototype_losses(d: jax.Array, y: jax.Array, owner: jax.Array, num_classes: 
     return cluster, separation
 
 
+# The last steps built, by (graph, settings, phase), and push scans, by graph: a resumed run in
+# the same process (the library API, the tests) reuses their compilation. Four entries: one
+# run's phases and its push.
+_STEPS: OrderedDict = OrderedDict()
+
+
 def make_step(module: nnx.Module, config: PixPNetTrainConfig, phase: str) -> Callable:
     """The jitted step of ``phase``: ``(params, stats, opt_state, x[B, H, W, 3] in [0, 1],
-    y int[B]) -> (params, stats, opt_state, loss, accuracy)`` (module docstring)."""
+    y int[B]) -> (params, stats, opt_state, loss, accuracy)`` (module docstring). Only the
+    module's structure is read (its values are the step's inputs)."""
     module.train()
     graphdef, param_template, stat_template = nnx.split(module, nnx.Param, nnx.BatchStat)
     module.eval()
-    p, c = module.config.num_prototypes, module.config.num_classes
+    key = (graphdef, config, phase)
+    if key in _STEPS:
+        _STEPS.move_to_end(key)
+        return _STEPS[key]
+    step = _build_step(graphdef, param_template, stat_template, module.config, config, phase)
+    _STEPS[key] = step
+    while len(_STEPS) > len(PHASES) + 1:
+        _STEPS.popitem(last=False)
+    return step
+
+
+def _build_step(graphdef, param_template, stat_template, model_config, config, phase):
+    param_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                  param_template)
+    stat_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                 stat_template)
+    p, c = model_config.num_prototypes, model_config.num_classes
     owner = jnp.asarray(prototype_owner(p, c))
     wrong = 1.0 - jax.nn.one_hot(owner, c)  # [P, C]: the kernel's wrong-class connections
     mean = jnp.asarray(IMAGENET_MEAN, jnp.float32)
@@ -227,6 +251,9 @@ def make_push_scan(module: nnx.Module) -> Callable:
     (best d[P], best patch z[P, D])`` over the batch's images of each prototype's class
     (``inf`` where the batch has none), the network in eval mode."""
     module.eval()
+    key = (nnx.graphdef(module), "push")
+    if key in _STEPS:
+        return _STEPS[key]
     apply_fn, _ = _pure(module)
     p, c = module.config.num_prototypes, module.config.num_classes
     owner = jnp.asarray(prototype_owner(p, c))
@@ -242,6 +269,9 @@ def make_push_scan(module: nnx.Module) -> Callable:
         where = jnp.argmin(flat, axis=0)  # [P]
         return flat[where, jnp.arange(p)], z.reshape(b * h * w, dim)[where]
 
+    _STEPS[key] = scan
+    while len(_STEPS) > len(PHASES) + 1:
+        _STEPS.popitem(last=False)
     return scan
 
 
