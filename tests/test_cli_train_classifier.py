@@ -80,3 +80,24 @@ def test_attribute_labeler_on_the_rival10_layout(init_dir, tmp_path):
     manifest = json.loads((tmp_path / "labeler" / "manifest.json").read_text())
     assert manifest["config"]["num_classes"] == 18  # one logit per RIVAL-10 attribute
     assert 0 <= manifest["metrics"]["test_attribute_accuracy"] <= 1
+
+
+def test_attribute_labeler_on_chosen_attributes(init_dir, tmp_path):
+    """--attributes FILE: the labeler's outputs are the named attributes, in the file's order
+    (the K concepts a CB-AE is trained with); unknown names and --target class exit 2."""
+    root = write_rival10_layout(tmp_path / "RIVAL10", images_per_class=1, image_size=32)
+    names = tmp_path / "names.txt"
+    names.write_text("wings\nlong\n")
+    result = _train(init_dir, f"rival10:{root}", tmp_path / "labeler", "--target",
+                    "attributes", "--attributes", str(names), "--batch-size", "2")
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "labeler" / "manifest.json").read_text())
+    assert manifest["config"]["num_classes"] == 2
+    assert manifest["identity"]["attributes"] == ["wings", "long"]
+    names.write_text("wings\nfeathers-and-scales\n")
+    for extra, message in ((("--target", "attributes"), "'feathers-and-scales' is not an"),
+                           ((), "only with --target attributes")):
+        result = _train(init_dir, f"rival10:{root}", tmp_path / "x", "--attributes",
+                        str(names), *extra)
+        assert result.exit_code == 2 and "--attributes" in result.output, result.output
+        assert message in " ".join(result.output.split()), result.output

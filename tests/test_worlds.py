@@ -449,7 +449,6 @@ def test_cbmh_is_explained_by_the_cbm_head_only_if_it_shares_the_bottleneck(worl
      "generator.pickle='missing.pkl': no such file"),
     (lambda m: m["classifiers"].update(cbm="nowhere"), "classifiers.cbm='nowhere': no such"),
     (lambda m: m["classifiers"].pop("std"), "missing key 'std' in classifiers"),
-    (lambda m: m.pop("cbae"), "missing key 'cbae'"),
     (lambda m: m["generator"].update(truncation_psi=1.5), "truncation_psi=1.5; allowed: (0.0"),
     (lambda m: m["preprocess"].update(std=[1, 0, 1]), "preprocess.std=[1, 0, 1]"),
     (lambda m: m.update(format_version=2), "format_version=2"),
@@ -714,6 +713,50 @@ def test_biggan_world_has_no_concepts(world_dir, tmp_path):
     with pytest.raises(ValueError, match="class_index=5"):
         load_world_dir(with_manifest(tmp_path / "bad", world_dir,
                                      lambda m: biggan(m, class_index=5)))
+
+
+def test_train_cbae_on_a_stylegan2_world_fits_its_w_plus(world_dir, tmp_path):
+    """A StyleGAN2 world without a CB-AE has no concepts (latent commands only); the CB-AE
+    trainer (`certify train cbae`'s run; its CLI is exercised on the BigGAN world below) trains
+    one on its w+ (num_ws copies of w, as upstream's), which plugs in with "cbae": {"trained":
+    ...} and is refused on another truncation. The labeler is a cheap function of the image
+    (two concept logits): what is new here is the generator, not the labeler."""
+    from cbcert.training.cbae import CBAETrainConfig
+    from cbcert.training.cbae_run import run
+    from cbcert.worlds.manifest import read_manifest
+
+    plain = with_manifest(tmp_path / "plain", world_dir, lambda m: m.pop("cbae"))
+    bare = load_world_dir(plain)
+    assert bare.generator.concept_names == () and bare.metadata["concepts"] is False
+    num_ws = bare.generator.num_ws
+    assert num_ws > 1
+
+    def labeler(x):  # x[B, H, W, 3] -> two concept logits
+        return 8.0 * jnp.stack([x.mean(axis=(1, 2, 3)) - 0.5, x[..., 0].mean(axis=(1, 2)) - 0.5],
+                               axis=-1)
+
+    out = tmp_path / "cbae"
+    identity = {"generator": generator_identity(read_manifest(plain))}
+    manifest = run(bare.generator, labeler, ("x", "y"), CBAETrainConfig(steps=1, batch_size=4),
+                   out, identity=identity, eval_samples=4, log=lambda s: None)
+    assert manifest["config"]["num_ws"] == num_ws
+    assert manifest["config"]["latent_dim"] * num_ws == jax.eval_shape(
+        lambda z: bare.generator.g1(bare.generator.params, z),
+        jax.ShapeDtypeStruct((1, bare.generator.latent_dim), jnp.float32)).shape[1]
+    assert manifest["identity"]["generator"]["kind"] == "stylegan2"
+
+    def plug(m, psi=0.7):
+        m["cbae"] = {"trained": "cbae"}
+        m["generator"]["truncation_psi"] = psi
+
+    trained = with_manifest(tmp_path / "trained", world_dir, plug)
+    (tmp_path / "trained" / "cbae").symlink_to(out)
+    loaded = load_world_dir(trained)
+    assert loaded.generator.concept_names == ("x", "y") and loaded.metadata["concepts"] is True
+    other = with_manifest(tmp_path / "other", world_dir, lambda m: plug(m, psi=0.5))
+    (tmp_path / "other" / "cbae").symlink_to(out)
+    with pytest.raises(ValueError, match="truncation_psi=0.7, this world's has 0.5"):
+        load_world_dir(other)
 
 
 def test_train_cbae_then_certify_concepts_on_the_biggan_world(world_dir, tmp_path):

@@ -37,6 +37,26 @@ def dataset_split(spec: str, split: str):
         raise click.BadParameter(str(err), param_hint="--dataset") from None
 
 
+def attribute_columns(path: Path | None, names: tuple[str, ...], target: str) -> list[int]:
+    """The attribute columns a labeler learns: every one, or those named in ``path`` (one name
+    per line, in output order); exit 2 naming --attributes for an unknown or repeated name,
+    or a file given with --target class."""
+    if path is None:
+        return list(range(len(names)))
+    if target != "attributes":
+        raise click.BadParameter("only with --target attributes", param_hint="--attributes")
+    wanted = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    index = {name: i for i, name in enumerate(names)}
+    for name in wanted:
+        if name not in index:
+            raise click.BadParameter(f"{path}: {name!r} is not an attribute of the dataset "
+                                     f"(e.g. {names[0]!r})", param_hint="--attributes")
+    if not wanted or len(set(wanted)) != len(wanted):
+        raise click.BadParameter(f"{path}: need distinct attribute names, one per line",
+                                 param_hint="--attributes")
+    return [index[name] for name in wanted]
+
+
 @train.command("classifier")
 @click.option("--init", "init", required=True,
               type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -60,6 +80,11 @@ def dataset_split(spec: str, split: str):
               show_default=True, help="class: a classifier (softmax cross-entropy); "
               "attributes: an attribute labeler, one logit per annotated attribute (binary "
               "cross-entropy), the concept classifier a CB-AE is trained with.")
+@click.option("--attributes", "attributes_file", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="With --target attributes: a file of attribute names, one per line, the "
+                   "labeler's outputs in that order (default: every annotated attribute), e.g. "
+                   "the K concepts of a CB-AE.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Data order and a new last layer's initialisation.")
 @click.option("--save-every", type=int, default=200, show_default=True,
@@ -67,8 +92,8 @@ def dataset_split(spec: str, split: str):
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def train_classifier_cmd(init: Path, dataset: str, out: Path, steps: int, batch_size: int,
                          lr: float, momentum: float, weight_decay: float, schedule: str,
-                         image_size: int, target: str, seed: int, save_every: int,
-                         quiet: bool) -> None:
+                         image_size: int, target: str, attributes_file: Path | None, seed: int,
+                         save_every: int, quiet: bool) -> None:
     """Fine-tune a converted torchvision classifier on CUB or RIVAL-10 (torchvision's recipe:
     SGD with momentum, batch norm in training mode, ImageNet normalisation).
 
@@ -102,12 +127,19 @@ def train_classifier_cmd(init: Path, dataset: str, out: Path, steps: int, batch_
                                  param_hint="--init")
     train_set, test_set = dataset_split(dataset, "train"), dataset_split(dataset, "test")
     per_epoch = len(train_set.items) // batch_size
-    outputs = (len(train_set.attribute_names) if target == "attributes"
-               else train_set.num_classes)
+    columns = attribute_columns(attributes_file, train_set.attribute_names, target)
+    outputs = len(columns) if target == "attributes" else train_set.num_classes
+
+    def selected(stream):
+        for batch in stream:
+            if "attributes" in batch:
+                batch = {**batch, "attributes": batch["attributes"][:, columns]}
+            yield batch
 
     def train_batches(epoch: int, start: int):
-        return batches(train_set.items, batch_size=batch_size, image_size=image_size,
-                       seed=seed, epoch=epoch, shuffle=True, drop_last=True, start=start)
+        return selected(batches(train_set.items, batch_size=batch_size, image_size=image_size,
+                                seed=seed, epoch=epoch, shuffle=True, drop_last=True,
+                                start=start))
 
     def evaluate(trained) -> dict:
         from cbcert.engine import compiler
@@ -116,8 +148,8 @@ def train_classifier_cmd(init: Path, dataset: str, out: Path, steps: int, batch_
         apply_fn, params = pure_apply(trained)
         logits = compiler.jit(lambda p, x: apply_fn(p, (x - mean) / std))
         correct = total = images = 0
-        for batch in batches(test_set.items, batch_size=batch_size, image_size=image_size,
-                             seed=seed, shuffle=False):
+        for batch in selected(batches(test_set.items, batch_size=batch_size,
+                                      image_size=image_size, seed=seed, shuffle=False)):
             out = np.asarray(logits(params, batch["image"]))
             images += len(out)
             if target == "attributes":
@@ -134,6 +166,8 @@ def train_classifier_cmd(init: Path, dataset: str, out: Path, steps: int, batch_
     identity = {"init": {"kind": kind, "params_sha256": manifest["params_sha256"]},
                 "dataset": dataset.partition(":")[0], "train_images": len(train_set.items),
                 "image_size": image_size}
+    if attributes_file is not None:
+        identity["attributes"] = [train_set.attribute_names[i] for i in columns]
     log = (lambda s: None) if quiet else (lambda s: common.err_console.print(s))
     try:
         with bar("train classifier", quiet, unit="steps") as update:

@@ -185,7 +185,7 @@ def _concept_labeler(directory: Path, preprocess, num_concepts: int):
 @train.command("cbae")
 @click.option("--world", "world_dir", required=True,
               type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="World directory with a biggan generator and no cbae yet.")
+              help="World directory with a biggan or stylegan2 generator and no cbae yet.")
 @click.option("--concept-classifier", required=True,
               type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Pseudo-labeler: a `certify convert`ed resnet*/densenet* whose K outputs are "
@@ -211,7 +211,8 @@ def _concept_labeler(directory: Path, preprocess, num_concepts: int):
 def train_cbae_cmd(world_dir: Path, concept_classifier: Path, concepts: str, out: Path,
                    steps: int, batch_size: int, lr: float, threshold: float, unsup: int,
                    seed: int, save_every: int, eval_samples: int, quiet: bool) -> None:
-    """Train a CB-AE for a BigGAN world on its [t·z ; class embedding] latent (upstream losses)."""
+    """Train a CB-AE for a BigGAN world (on its [t·z ; class embedding] latent) or a StyleGAN2
+    world (on w+, as upstream's), with upstream's losses."""
     from cbcert.training.cbae import CBAETrainConfig
     from cbcert.training.cbae_run import run
     from cbcert.worlds.directory import build_generator, generator_identity

@@ -41,6 +41,9 @@ class Generator:
         also in bfloat16) and read by ``g1``. No noise, shift or attack touches ``k``
         (`cbcert.engine.noise.restrict`), so every perturbation acts on ``z`` exactly as in a
         one-class world; ``k`` has no gradient.
+      num_ws: how many per-layer copies of one ``w`` make ``g1``'s output (StyleGAN2's
+        ``w+``, ``dw = num_ws · w_dim``; 1 otherwise): a CB-AE trained for the generator
+        (`cbcert.training.cbae`) reads them as ``[num_ws, dw / num_ws]``.
     """
 
     name: str
@@ -54,6 +57,7 @@ class Generator:
     decode: Callable[[Params, Array], Array]
     g2: Callable[[Params, Array], Array]
     classes: tuple[int, ...] = ()
+    num_ws: int = 1
 
     @property
     def num_concepts(self) -> int:

@@ -1,11 +1,13 @@
 """Train a concept-bottleneck autoencoder (CB-AE) on a frozen generator: ``certify train cbae``.
 
-The upstream project (Kulkarni et al., CVPR 2025, posthoc-generative-cbm) ships CB-AEs for
-StyleGAN2 only. For a generator without one (BigGAN-deep: its latent is the condition
-``h = [t·z ; E y]``, ``dw = 2 z_dim``) this module trains the same bottleneck
-(``cbcert.generators.cbae.CBAE`` with ``num_ws = 1``) with the upstream recipe. Every step has
-two phases, each with its own Adam optimiser (upstream's ``opt`` and ``opt_interv``; lr 2e-4,
-betas (0.5, 0.99), constant), on a fresh batch ``w = g1(z)``, ``z ~ N(0, I)``:
+The upstream project (Kulkarni et al., CVPR 2025, posthoc-generative-cbm) trains CB-AEs for
+StyleGAN2 on ``w+`` (``num_ws`` copies of one w, which E averages); this module trains the same
+bottleneck (``cbcert.generators.cbae.CBAE``) with the upstream recipe for either generator: a
+StyleGAN2 world (``num_ws`` of its synthesis network) or one without a released CB-AE
+(BigGAN-deep: its latent is the condition ``h = [t·z ; E y]``, ``dw = 2 z_dim``,
+``num_ws = 1``). Every step has two phases, each with its own Adam optimiser (upstream's
+``opt`` and ``opt_interv``; lr 2e-4, betas (0.5, 0.99), constant), on a fresh batch
+``w = g1(z)``, ``z ~ N(0, I)``:
 
 1. Reconstruction and concept alignment::
 

@@ -91,7 +91,8 @@ def run(generator: Generator, labeler: Labeler, concept_names: tuple[str, ...], 
     """Train (or resume) a CB-AE for ``generator`` and write it to ``out``; returns its manifest.
 
     Args:
-      generator: a generator without bottleneck (``E = D = identity``); ``g1(z)`` is ``w[B, dw]``.
+      generator: a generator without bottleneck (``E = D = identity``); ``g1(z)`` is ``w[B, dw]``
+        (StyleGAN2: ``num_ws`` copies of one w, which the CB-AE averages, as upstream's).
       labeler: ``x[B, H, W, 3] -> s[B, K]`` concept logits of a frozen concept classifier.
       concept_names: the K concepts, in the labeler's output order.
       out: new/empty directory, or one holding an unfinished run with the same settings.
@@ -115,7 +116,8 @@ def run(generator: Generator, labeler: Labeler, concept_names: tuple[str, ...], 
         raise ConfigError(f"the concept classifier outputs {scores.shape[-1]} logits but "
                           f"{len(concept_names)} concept names were given", key="concept_names",
                           value=concept_names, allowed=f"{scores.shape[-1]} names")
-    cbae_config = CBAEConfig(latent_dim=latent.shape[1], num_ws=1, concept_names=concept_names,
+    cbae_config = CBAEConfig(latent_dim=latent.shape[1] // generator.num_ws,
+                             num_ws=generator.num_ws, concept_names=concept_names,
                              num_unsup=config.num_unsup)
     identity = {**identity, "train": config.identity(), "concepts": list(concept_names)}
     status = out_status(out)

@@ -16,9 +16,9 @@ Parts come in two forms:
   ``cbcert.convert``: reading those files *is* conversion (their strict key tables), and
   keeping a second copy of it here would let the two drift.
 
-The DFS concept scores are the PCBM's margins ``r = (V e + b)/‖V‖``. Upstream has no CB-AE for
-BigGAN: a BigGAN world without ``cbae`` has K = 0 concepts, so only latent-space commands apply
-to it; ``certify train cbae`` trains one on the condition vector ``[t·z ; E y]`` and
+The DFS concept scores are the PCBM's margins ``r = (V e + b)/‖V‖``. A world without ``cbae``
+has K = 0 concepts, so only latent-space commands apply to it; ``certify train cbae`` trains one
+(BigGAN: on the condition vector ``[t·z ; E y]``; StyleGAN2: on ``w+``, as upstream's) and
 ``"cbae": {"trained": DIR}`` plugs it in. A trained CB-AE records the generator it was trained
 on (``generator_identity``) and is refused on any other.
 
@@ -50,7 +50,8 @@ from cbcert.worlds.manifest import CONVERTED, MANIFEST, ROLES, WorldSpec, read_m
 from cbcert.worlds.world import World
 
 # Weight identity of a generator: either group identifies the same weights.
-_WEIGHT_KEYS = (("params_sha256",), ("weights_sha256", "config_sha256"))
+_WEIGHT_KEYS = (("params_sha256",), ("weights_sha256", "config_sha256"),
+                ("pickle_sha256", "network"))
 
 
 def build_generator(spec: WorldSpec) -> Generator:
@@ -76,12 +77,17 @@ def build_generator(spec: WorldSpec) -> Generator:
 def _build_generator(spec: WorldSpec) -> Generator:
     gen = spec.generator
     model, source = _generator_module(spec)
+    if spec.cbae is None:
+        cbae = None
+    elif "trained" in spec.cbae:
+        cbae = _trained_cbae(spec)
+    else:
+        cbae = _stylegan2_cbae(spec)
     if gen["kind"] == "stylegan2":
         _check_stylegan2_class(gen, model.config.c_dim, source)
-        return stylegan2_generator(model, _stylegan2_cbae(spec), gen["truncation_psi"],
+        return stylegan2_generator(model, cbae, gen["truncation_psi"],
                                    gen["truncation_cutoff"], name=f"stylegan2:{source}",
                                    class_index=gen["class_index"])
-    cbae = _trained_cbae(spec) if spec.cbae is not None else None
     return biggan_generator(model, gen["class_index"], gen["truncation"],
                             name=f"biggan:{source}", cbae=cbae)
 
@@ -137,18 +143,32 @@ def _converted(directory: Path, kind: str, section: str) -> tuple[nnx.Module, di
 def generator_identity(spec: WorldSpec) -> dict[str, Any]:
     """What a CB-AE trained on this world's generator must match.
 
-    Upstream files: ``kind``, sha256 of the weights and config files, ``class_index``,
-    ``truncation``. A converted BigGAN: ``kind``, the converted ``params_sha256``, the
-    weights/config sha256 its converter recorded in ``sources``, ``class_index``, ``truncation``.
-    A class list is recorded as a JSON list (a CB-AE trained on a multi-class world covers
-    exactly those classes).
+    BigGAN from upstream files: ``kind``, sha256 of the weights and config files,
+    ``class_index``, ``truncation``; converted: ``kind``, the converted ``params_sha256``, the
+    weights/config sha256 its converter recorded in ``sources``, ``class_index``,
+    ``truncation``. StyleGAN2 from its pickle: ``kind``, ``pickle_sha256``, ``network``,
+    ``class_index``, ``truncation_psi``, ``truncation_cutoff``; converted: ``params_sha256``
+    and the pickle's sha256 and network its converter recorded instead. A class list is
+    recorded as a JSON list (a CB-AE trained on a multi-class world covers exactly those
+    classes).
     """
     gen = dict(spec.generator)
     if isinstance(gen.get("class_index"), tuple):
         gen["class_index"] = list(gen["class_index"])
-    if gen["kind"] != "biggan":
-        raise ValueError(f"{MANIFEST}: generator.kind={gen['kind']!r}; `certify train cbae` "
-                         "trains CB-AEs for biggan worlds (stylegan2 worlds use upstream's)")
+    if gen["kind"] == "stylegan2":
+        settings = {"class_index": gen["class_index"], "truncation_psi": gen["truncation_psi"],
+                    "truncation_cutoff": gen["truncation_cutoff"]}
+        if CONVERTED not in gen:
+            return {"kind": "stylegan2", "pickle_sha256": checkpoint.sha256_file(gen["pickle"]),
+                    "network": gen["network"], **settings}
+        manifest = _converted_manifest(gen[CONVERTED], "stylegan2", "generator")
+        identity = {"kind": "stylegan2"}
+        recorded = (manifest.get("sources") or {}).get("checkpoint")
+        if isinstance(recorded, dict) and isinstance(recorded.get("sha256"), str):
+            identity["pickle_sha256"] = recorded["sha256"]
+        if isinstance(manifest.get("network"), str):
+            identity["network"] = manifest["network"]
+        return {**identity, "params_sha256": manifest["params_sha256"], **settings}
     if CONVERTED in gen:
         manifest = _converted_manifest(gen[CONVERTED], "biggan", "generator")
         sources = manifest.get("sources") if isinstance(manifest.get("sources"), dict) else {}

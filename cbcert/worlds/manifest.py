@@ -31,11 +31,12 @@ upstream files themselves (converted on every load, a convenience).
                                                      #   "class_index" (required; one class
                                                      #   or a list),
                                                      #   "truncation" (optional, default 1.0)
-      "cbae": {"checkpoint": "cbae.pt", "config": "cbae.yaml"},   # required for stylegan2, or
+      "cbae": {"checkpoint": "cbae.pt", "config": "cbae.yaml"},   # stylegan2: upstream's, or
                                                      # {"converted": "cbae"} (`certify convert
-                                                     # cbae`); biggan (optional):
+                                                     # cbae`); either generator:
                                                      # {"trained": "cbae"}, a directory from
-                                                     # `certify train cbae`
+                                                     # `certify train cbae`; optional (none:
+                                                     # K = 0, latent-space commands only)
       "classifiers": {"std": "std", "cbm": "pcbm", "cbmh": "pcbmh", "proto": "pixpnet"},
       "concept_classifier": "cc",                    # optional: a converted torchvision
                                                      # resnet*/densenet* with one logit per
@@ -100,7 +101,7 @@ _GENERATOR_KEYS = {
     "biggan": ({"class_index"}, {"weights", "config"}, set(), {"truncation"}),
 }
 _CBAE_FILES = {"checkpoint", "config"}  # upstream CB-AE of a stylegan2 world
-_TRAINED_CBAE_KEYS = {"trained"}  # `certify train cbae` output, for a biggan world
+_TRAINED_CBAE_KEYS = {"trained"}  # `certify train cbae` output, for either generator
 _PREPROCESS_KEYS = {"size", "mean", "std"}
 
 
@@ -134,7 +135,7 @@ class WorldSpec:
       generator: generator section, paths resolved (keys as in the manifest, defaults filled;
         ``"converted"`` or the upstream file keys).
       cbae: ``{"checkpoint": Path, "config": Path}`` or ``{"converted": Path}`` (stylegan2),
-        ``{"trained": Path}`` (biggan) or None.
+        ``{"trained": Path}`` (either generator) or None.
       classifiers: role -> converted-model directory.
       class_names: C class names.
       preprocess: classifier input preprocessing.
@@ -308,13 +309,9 @@ def _parse_generator(root: Path, raw: Any) -> dict[str, Any]:
 
 
 def _parse_cbae(root: Path, raw: Any, generator_kind: str) -> dict[str, Path] | None:
-    if raw is None and generator_kind == "stylegan2":
-        raise invalid("cbae", f"{MANIFEST}: missing key 'cbae'; a stylegan2 world takes its "
-                      "concepts from a CB-AE ({\"checkpoint\": ..., \"config\": ...} or "
-                      "{\"converted\": ...})")
     if raw is None:
         return None
-    if generator_kind == "stylegan2":
+    if generator_kind == "stylegan2" and not (isinstance(raw, Mapping) and "trained" in raw):
         section = _check_keys("cbae", raw, set(), _CBAE_FILES | {CONVERTED})
         if _one_source("cbae", section, _CBAE_FILES):
             return {CONVERTED: _file(root, "cbae", CONVERTED, section[CONVERTED], True)}

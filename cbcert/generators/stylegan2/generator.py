@@ -77,4 +77,4 @@ def stylegan2_generator(model: StyleGAN2, cbae: CBAE | None = None,
         num_unsup=config.num_ws * config.w_dim if cbae is None else cbae.config.num_unsup,
         image_shape=(config.img_resolution, config.img_resolution, config.img_channels),
         params={"stylegan2": params, "cbae": cb_params}, g1=g1, encode=encode, decode=decode,
-        g2=g2, classes=classes)
+        g2=g2, classes=classes, num_ws=config.num_ws)
