@@ -759,16 +759,28 @@ def test_train_cbae_on_a_stylegan2_world_fits_its_w_plus(world_dir, tmp_path):
         load_world_dir(other)
 
 
-def test_train_cbae_then_certify_concepts_on_the_biggan_world(world_dir, tmp_path):
-    """`certify train cbae` on a BigGAN world, plugged in with "cbae": {"trained": ...}: the
-    world gains K concepts and `certify concept` runs on it; other generators are refused."""
+def test_train_cbae_then_certify_concepts_on_the_biggan_world(world_dir, resnet18_dir,
+                                                             tmp_path):
+    """The RIVAL-10 arm of docs/real-data.md in small: an attribute labeler trained on a
+    synthetic RIVAL-10 layout (three attributes, `certify train classifier --target attributes
+    --attributes`) pseudo-labels `certify train cbae` on a BigGAN world; plugged in with
+    "cbae": {"trained": ...} the world gains K concepts and `certify concept` runs on it;
+    other generators are refused."""
+    from cbcert.datasets.synthetic import write_rival10_layout
+
     torch.manual_seed(1)
     parts = tmp_path / "parts"
     parts.mkdir()
     torch.save(TorchBigGAN(BIGGAN_FIELDS).eval().state_dict(), parts / "pytorch_model.bin")
     (parts / "config.json").write_text(json.dumps(BIGGAN_FIELDS))
-    torch.save(torch_resnet("resnet18", 3, seed=4).state_dict(), parts / "concepts.pth")
-    convert("resnet18", parts / "concepts.pth", parts / "concepts")
+    rival10 = write_rival10_layout(tmp_path / "RIVAL10", images_per_class=1, image_size=32)
+    (tmp_path / "concepts.txt").write_text("wings\nwheels\nlong\n")
+    result = CliRunner().invoke(cli.main, [
+        "train", "classifier", "--init", str(resnet18_dir), "--dataset", f"rival10:{rival10}",
+        "--target", "attributes", "--attributes", str(tmp_path / "concepts.txt"), "--steps",
+        "2", "--batch-size", "4", "--image-size", "32", "--out", str(parts / "concepts"),
+        "--quiet"])
+    assert result.exit_code == 0, result.output
     torch.save(torch_resnet("resnet18", 2, seed=4).state_dict(), parts / "two.pth")
     convert("resnet18", parts / "two.pth", parts / "two")
 
