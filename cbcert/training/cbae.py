@@ -42,6 +42,7 @@ a run resumed from its progress checkpoint is bit-identical to an uninterrupted 
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -162,17 +163,56 @@ def init_state(model: CBAE, config: CBAETrainConfig) -> TrainState:
     return TrainState(params, stats, opt_a.init(params), opt_b.init(params), 0)
 
 
+# Compiled programs by what they close over (the graph, the generator's and labeler's
+# functions, the settings): a resumed run or a second evaluation in the same process (the
+# library API, the tests) reuses their compilation. A few entries: one run's step and
+# evaluation, and the last run's.
+_PROGRAMS: OrderedDict = OrderedDict()
+
+
+def _cached(key: tuple, build: Callable[[], Callable]) -> Callable:
+    if key not in _PROGRAMS:
+        _PROGRAMS[key] = build()
+        while len(_PROGRAMS) > 4:
+            _PROGRAMS.popitem(last=False)
+    _PROGRAMS.move_to_end(key)
+    return _PROGRAMS[key]
+
+
+def _generator_key(generator: Generator) -> tuple:
+    """What a compiled program reads of ``generator`` besides its params."""
+    return (generator.g1, generator.g2, generator.latent_dim, generator.classes)
+
+
 def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAETrainConfig
               ) -> Callable:
     """The jitted training step ``(state arrays, key) -> (state arrays, losses dict)``.
 
     ``generator`` must have no bottleneck of its own (``E = D = identity``): the CB-AE is
-    trained on its ``g1`` output ``w[B, dw]`` and rendered through its ``g2``.
+    trained on its ``g1`` output ``w[B, dw]`` and rendered through its ``g2``. Only the
+    model's structure is read (its values are the step's inputs).
     """
     model.set_attributes(use_running_average=False)
     train_graphdef, param_template, stat_template = nnx.split(model, nnx.Param, nnx.BatchStat)
     model.set_attributes(use_running_average=True)
-    k = model.config.num_concepts
+    key = ("step", train_graphdef, _generator_key(generator), labeler,
+           dataclasses.replace(config, steps=1))
+    jitted = _cached(key, lambda: _build_step(generator, labeler, model.config, train_graphdef,
+                                              param_template, stat_template, config))
+
+    def step(arrays, key):
+        return jitted(arrays, generator.params, key)
+
+    return step
+
+
+def _build_step(generator, labeler, model_config, train_graphdef, param_template,
+                stat_template, config) -> Callable:
+    param_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                  param_template)
+    stat_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                 stat_template)
+    k = model_config.num_concepts
     opt_a, opt_b = _optimisers(config)
 
     def run(params, stats, fn):
@@ -229,10 +269,7 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
         logs = {**logs_a, **logs_b, "confident": keep.mean()}
         return (params, stats, state_a, state_b), logs
 
-    def step(arrays, key):
-        return jitted(arrays, generator.params, key)
-
-    return step
+    return jitted
 
 
 def _autoencode(m: CBAE, w: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -289,6 +326,17 @@ def evaluate(generator: Generator, labeler: Labeler, cbae: CBAE, key: jax.Array,
     # program: evaluations of different weights (before and after training, every run) share
     # one compiled program.
     graphdef, cbae_state = nnx.split(cbae)
+    measure = _cached(("evaluate", graphdef, _generator_key(generator), labeler),
+                      lambda: _build_measure(generator, labeler, graphdef, k))
+    parts = []
+    for start in range(0, n, batch):
+        size = min(batch, n - start)
+        z = generator.sample_inputs(jax.random.fold_in(key, start), size)
+        parts.append(jax.device_get(measure(cbae_state, generator.params, z)))
+    return _report(parts, cbae.config.concept_names, n)
+
+
+def _build_measure(generator, labeler, graphdef, k) -> Callable:
     edited = np.repeat(np.arange(k), 2)  # intervention j = 2 i + v sets concept i to v
     values = np.tile([False, True], k)
 
@@ -309,14 +357,13 @@ def evaluate(generator: Generator, labeler: Labeler, cbae: CBAE, key: jax.Array,
                 jnp.mean((generator.g2(gp, w_rec) - x) ** 2, (1, 2, 3)),
                 success.T.reshape(-1, k, 2))
 
-    parts = []
-    for start in range(0, n, batch):
-        size = min(batch, n - start)
-        z = generator.sample_inputs(jax.random.fold_in(key, start), size)
-        parts.append(jax.device_get(measure(cbae_state, generator.params, z)))
+    return measure
+
+
+def _report(parts: list, names: tuple[str, ...], n: int) -> dict:
+    """`evaluate`'s dictionary from the measured batches."""
     correct, confident, sq_err, w, img_err, success = (np.concatenate(p) for p in zip(*parts,
                                                                                      strict=True))
-    names = cbae.config.concept_names
     spread = np.sum((w - w.mean(0)) ** 2) / n
     return {
         "samples": n,

@@ -25,6 +25,7 @@ The training state is a pytree of plain dicts (`TrainState`), checkpointed by
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -151,10 +152,31 @@ def make_step(module: nnx.Module, config: ClassifierTrainConfig) -> Callable:
     """The jitted step ``(params, stats, opt_state, x[B, H, W, 3], y) -> (params, stats,
     opt_state, loss, accuracy)`` of the module docstring (``x`` in [0, 1], not normalised;
     ``y``: ``int[B]`` classes, or ``{0,1}[B, A]`` attributes with ``target="attributes"``,
-    whose accuracy is over every image and attribute)."""
+    whose accuracy is over every image and attribute). Only the module's structure is read
+    (its values are the step's inputs)."""
     module.train()
     graphdef, param_template, stat_template = nnx.split(module, nnx.Param, nnx.BatchStat)
     module.eval()
+    key = (graphdef, config)
+    if key not in _STEPS:
+        _STEPS[key] = _build_step(graphdef, param_template, stat_template, config)
+        while len(_STEPS) > 2:
+            _STEPS.popitem(last=False)
+    _STEPS.move_to_end(key)
+    return _STEPS[key]
+
+
+# The last steps built, by (graph, settings): a resumed run in the same process (the library
+# API, the tests) reuses their compilation.
+_STEPS: OrderedDict = OrderedDict()
+
+
+def _build_step(graphdef, param_template, stat_template, config: ClassifierTrainConfig
+                ) -> Callable:
+    param_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                  param_template)
+    stat_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                 stat_template)
     opt = optimizer(config)
     mean = jnp.asarray(config.mean, jnp.float32)
     std = jnp.asarray(config.std, jnp.float32)
