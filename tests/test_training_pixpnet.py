@@ -188,6 +188,9 @@ def test_new_pixpnet_keeps_the_classifiers_trunk_and_protopnets_start(classifier
     np.testing.assert_array_equal(kernel.argmax(1), T.prototype_owner(8, 4))
     prototypes = np.asarray(module.prototypes[...])
     assert prototypes.min() >= 0 and prototypes.max() < 1
+    sparse = new_pixpnet(classifier, PixPNetConfig("resnet18", "layer2", 8, 16, 4,
+                                                   readout_type="sparse"), seed=1)
+    np.testing.assert_array_equal(np.asarray(sparse.readout_weight[...]), np.ones((4, 2)))
     dense = PixPNetConfig("densenet121", "transition1", 8, 16, 4)
     with pytest.raises(ConfigError) as err:
         new_pixpnet(classifier, dense, seed=1)

@@ -117,11 +117,15 @@ def prototype_owner(num_prototypes: int, num_classes: int) -> np.ndarray:
 
 
 def init_readout(module: nnx.Module) -> nnx.Module:
-    """A linear readout set to ProtoPNet's start: ``W[c, j] = 1`` if ``c = c_j``, else −0.5."""
+    """The readout's start: a linear one at ProtoPNet's ``W[c, j] = 1`` if ``c = c_j``, else
+    −0.5; a ``sparse`` one (each prototype weighted into its own class only) at 1, so every
+    prototype starts as a vote for its class, as the ``proto`` readout's fixed sum."""
+    p, c = module.config.num_prototypes, module.config.num_classes
     if module.readout is not None:
-        p, c = module.config.num_prototypes, module.config.num_classes
         own = jax.nn.one_hot(prototype_owner(p, c), c)  # [P, C] = the kernel's layout
         module.readout.kernel[...] = own - 0.5 * (1 - own)
+    if module.readout_weight is not None:
+        module.readout_weight[...] = jnp.ones((c, p // c))
     return module
 
 
