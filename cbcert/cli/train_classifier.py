@@ -57,6 +57,23 @@ def attribute_columns(path: Path | None, names: tuple[str, ...], target: str) ->
     return [index[name] for name in wanted]
 
 
+def load_classifier(path: Path, flag: str):
+    """``(module, manifest)`` of a `certify convert`ed or trained torchvision resnet*/densenet*
+    at ``path``, or exit 2 naming ``flag`` (unreadable, or another kind of checkpoint)."""
+    from cbcert.io.checkpoint import CheckpointError
+    from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, load_module
+
+    try:
+        module, manifest = load_module(path)
+    except CheckpointError as err:
+        raise click.BadParameter(str(err), param_hint=flag) from None
+    if manifest["kind"] not in RESNET_NAMES + DENSENET_NAMES:
+        raise click.BadParameter(f"{path} holds a {manifest['kind']!r}; allowed: a converted "
+                                 f"{', '.join(RESNET_NAMES + DENSENET_NAMES)}",
+                                 param_hint=flag)
+    return module, manifest
+
+
 @train.command("classifier")
 @click.option("--init", "init", required=True,
               type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -102,8 +119,6 @@ def train_classifier_cmd(init: Path, dataset: str, out: Path, steps: int, batch_
     import numpy as np
 
     from cbcert.datasets.common import DatasetError, batches
-    from cbcert.io.checkpoint import CheckpointError
-    from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, load_module
     from cbcert.training.classifier import ClassifierTrainConfig
     from cbcert.training.classifier_run import run
 
@@ -116,15 +131,8 @@ def train_classifier_cmd(init: Path, dataset: str, out: Path, steps: int, batch_
                                        schedule=schedule, seed=seed, target=target)
     except ConfigError as err:
         raise click.BadParameter(err.detail, param_hint=common.flag_of(err.key)) from None
-    try:
-        module, manifest = load_module(init)
-    except CheckpointError as err:
-        raise click.BadParameter(str(err), param_hint="--init") from None
+    module, manifest = load_classifier(init, "--init")
     kind = manifest["kind"]
-    if kind not in RESNET_NAMES + DENSENET_NAMES:
-        raise click.BadParameter(f"{init} holds a {kind!r}; allowed: a converted "
-                                 f"{', '.join(RESNET_NAMES + DENSENET_NAMES)}",
-                                 param_hint="--init")
     train_set, test_set = dataset_split(dataset, "train"), dataset_split(dataset, "test")
     per_epoch = len(train_set.items) // batch_size
     columns = attribute_columns(attributes_file, train_set.attribute_names, target)

@@ -10,7 +10,7 @@ import click
 
 from cbcert.cli import common
 from cbcert.cli.progress import bar
-from cbcert.cli.train_classifier import dataset_split
+from cbcert.cli.train_classifier import dataset_split, load_classifier
 from cbcert.cli.worlds import train
 from cbcert.schema import ConfigError
 
@@ -93,8 +93,6 @@ def train_pcbm_cmd(backbone_dir: Path, dataset: str, out: Path, hybrid_out: Path
     --out cbm --hybrid-out cbmh
     """
     from cbcert.datasets.common import DatasetError
-    from cbcert.io.checkpoint import CheckpointError
-    from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, load_module
     from cbcert.training.pcbm import PCBMTrainConfig, select_concepts
     from cbcert.training.pcbm_run import PCBMData, run
 
@@ -107,15 +105,8 @@ def train_pcbm_cmd(backbone_dir: Path, dataset: str, out: Path, hybrid_out: Path
                                  hybrid_epochs=hybrid_epochs, hybrid_lr=hybrid_lr,
                                  hybrid_batch_size=batch_size, l2_penalty=l2_penalty,
                                  seed=seed)
-    try:
-        backbone, manifest = load_module(backbone_dir)
-    except CheckpointError as err:
-        raise click.BadParameter(str(err), param_hint="--backbone") from None
+    backbone, manifest = load_classifier(backbone_dir, "--backbone")
     kind = manifest["kind"]
-    if kind not in RESNET_NAMES + DENSENET_NAMES:
-        raise click.BadParameter(f"{backbone_dir} holds a {kind!r}; allowed: a "
-                                 f"{', '.join(RESNET_NAMES + DENSENET_NAMES)}",
-                                 param_hint="--backbone")
     if hybrid_out is not None and hybrid_out.absolute() == out.absolute():
         raise click.BadParameter(f"got {hybrid_out}, the same as --out; PCBM-h needs its own "
                                  "directory", param_hint="--hybrid-out")

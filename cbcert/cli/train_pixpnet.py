@@ -10,7 +10,7 @@ import click
 
 from cbcert.cli import common
 from cbcert.cli.progress import bar
-from cbcert.cli.train_classifier import dataset_split
+from cbcert.cli.train_classifier import dataset_split, load_classifier
 from cbcert.cli.worlds import train
 from cbcert.schema import ConfigError
 
@@ -71,8 +71,6 @@ def train_pixpnet_cmd(init: Path, dataset: str, out: Path, feature_layer: str,
     import numpy as np
 
     from cbcert.datasets.common import DatasetError, batches
-    from cbcert.io.checkpoint import CheckpointError
-    from cbcert.io.registry import DENSENET_NAMES, RESNET_NAMES, load_module
     from cbcert.models.pixpnet import PixPNetConfig
     from cbcert.training.pixpnet import PixPNetTrainConfig
     from cbcert.training.pixpnet_run import new_pixpnet, run
@@ -87,15 +85,8 @@ def train_pixpnet_cmd(init: Path, dataset: str, out: Path, feature_layer: str,
                                     last_steps=last_steps, batch_size=batch_size,
                                     lr_features=lr_features, lr_add_on=lr_add_on,
                                     lr_prototypes=lr_prototypes, lr_last=lr_last, seed=seed)
-    try:
-        classifier, manifest = load_module(init)
-    except CheckpointError as err:
-        raise click.BadParameter(str(err), param_hint="--init") from None
+    classifier, manifest = load_classifier(init, "--init")
     kind = manifest["kind"]
-    if kind not in RESNET_NAMES + DENSENET_NAMES:
-        raise click.BadParameter(f"{init} holds a {kind!r}; allowed: a "
-                                 f"{', '.join(RESNET_NAMES + DENSENET_NAMES)}",
-                                 param_hint="--init")
     train_set, test_set = dataset_split(dataset, "train"), dataset_split(dataset, "test")
     classes = train_set.num_classes
     try:

@@ -47,7 +47,7 @@ from flax import nnx
 from cbcert.engine import compiler
 from cbcert.schema import ConfigError
 from cbcert.training.cbae import filled
-from cbcert.training.classifier import IMAGENET_MEAN, IMAGENET_STD
+from cbcert.training.classifier import IMAGENET_MEAN, IMAGENET_STD, trained_module
 
 PHASES = ("warm", "joint", "last")
 # Top-level attributes of a PixPNet and the parameter group each belongs to.
@@ -240,14 +240,6 @@ def _build_step(graphdef, param_template, stat_template, model_config, config, p
         return optax.apply_updates(params, updates), stats, opt_state, loss, accuracy
 
     return step
-
-
-def trained_module(module: nnx.Module, state: TrainState) -> nnx.Module:
-    """``module`` in inference mode carrying ``state``'s parameters and statistics."""
-    graphdef, params, stats = nnx.split(module, nnx.Param, nnx.BatchStat)
-    out = nnx.merge(graphdef, filled(params, state.params), filled(stats, state.batch_stats))
-    out.eval()
-    return out
 
 
 def make_push_scan(module: nnx.Module) -> Callable:
