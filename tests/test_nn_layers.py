@@ -151,6 +151,39 @@ def test_cpu_conv_takes_the_native_convolution_on_large_maps(monkeypatch, side, 
     assert_parity(got, exact, other, f"conv {kernel}x{kernel}/{stride} on {side}x{side}")
 
 
+@pytest.mark.parametrize("kernel_shape,computed", [
+    ((3, 3, 3, 24), 48),   # the built-in world's RGB stem: Eigen's slow widths, padded
+    ((3, 3, 3, 17), 48),
+    ((3, 3, 3, 32), 48),
+    ((3, 3, 3, 16), 16),   # fast widths as they are
+    ((3, 3, 3, 64), 64),
+    ((3, 3, 4, 24), 24),   # not an RGB stem
+    ((7, 7, 3, 24), 24),
+])
+def test_cpu_rgb_stems_of_slow_widths_are_computed_with_padded_outputs(monkeypatch, kernel_shape,
+                                                                       computed):
+    """On CPU a 3×3 kernel on 3 channels with 17-32 outputs runs natively with its kernel padded
+    to ``RGB_STEM_OUTPUTS`` outputs, the extra ones dropped: the result has the layer's outputs
+    and matches the float64 convolution within float32 rounding; other shapes are unpadded."""
+    from cbcert.nn import layers
+
+    assert layers.native_outputs(kernel_shape) == computed
+    kernels = []
+    native = jax.lax.conv_general_dilated
+    monkeypatch.setattr(jax.lax, "conv_general_dilated",
+                        lambda *a, **k: kernels.append(a[1].shape) or native(*a, **k))
+    x = jax.random.normal(jax.random.key(0), (2, 12, 12, kernel_shape[2]))
+    k = jax.random.normal(jax.random.key(1), kernel_shape)
+    pad = kernel_shape[0] // 2
+    got = layers.conv(x, k, 1, pad)
+    assert kernels == [(*kernel_shape[:3], computed)]
+    assert got.shape == (2, 12, 12, kernel_shape[3])
+    assert_parity(got, conv_float64(x, k, 1, pad), conv_patches(x, k, 1, pad),
+                  f"conv {kernel_shape}")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert layers.native_outputs(kernel_shape) == kernel_shape[3]
+
+
 def test_world_and_ported_convs_take_the_same_backend_path(monkeypatch):
     """The world nets' ``PatchConv`` and the ports' ``conv2d`` both compute ``conv``: XLA's
     native convolution on a 16×16 map, the patch matmul on a 4×4 one (on CPU), each within

@@ -76,6 +76,9 @@ class PatchConv(nnx.Module):
 
 # Smallest output side at which XLA:CPU's native convolution takes over from the patch matmul.
 NATIVE_MIN_SIDE = 8
+# Outputs that an RGB stem (3×3 kernel on 3 channels) with 17-32 outputs is computed at on CPU
+# (`native_outputs`).
+RGB_STEM_OUTPUTS = 48
 
 
 def native_is_faster(x_shape: tuple[int, ...], kernel_shape: tuple[int, ...], stride: int,
@@ -103,10 +106,31 @@ def native_is_faster(x_shape: tuple[int, ...], kernel_shape: tuple[int, ...], st
     return min(ho, wo) >= NATIVE_MIN_SIDE
 
 
+def native_outputs(kernel_shape: tuple[int, ...]) -> int:
+    """How many output channels ``conv``'s native path computes for ``kernel[kh, kw, I, O]``.
+
+    ``O`` except for an RGB stem on CPU: a 3×3 kernel on 3 channels with 17-32 outputs is
+    computed with its kernel zero-padded to ``RGB_STEM_OUTPUTS`` outputs, the extra channels
+    dropped (exact: each output channel is its own sum). XLA:CPU's (Eigen's) convolution falls
+    off a cliff at those widths: on 32×32 maps (jax 0.10.2, 2-core Intel Xeon with AVX-512,
+    2026-12-05) 48 outputs took 1/1.75-1/4.3 of the time of 17-32 at batch 32 and 1/3.4-1/9.3
+    at batch 64; 3 → 24 ran at 7 GFLOP/s, 3 → 48 or 64 at ~140. Not the patch matmul, which is
+    as fast here: its input padding fuses with the image's producer (the built-in world's
+    renderer) into a loop that LLVM vectorises differently at different optimisation levels,
+    so the test suite's level would stop giving the users' bits
+    (``tests/test_reproducibility.py``). Padding the kernel touches no activation.
+    """
+    kh, kw, cin, cout = kernel_shape
+    if jax.default_backend() == "cpu" and (kh, kw, cin) == (3, 3, 3) and 16 < cout <= 32:
+        return RGB_STEM_OUTPUTS
+    return cout
+
+
 def conv(x: jax.Array, kernel: jax.Array, stride: int, pad: int,
          preferred_element_type=None) -> jax.Array:
     """The backend's fast convolution: ``lax.conv_general_dilated`` on GPU/TPU and on CPU for
-    large maps, ``conv_patches`` on CPU for small maps and 1×1 kernels (``native_is_faster``).
+    large maps (an RGB stem with its outputs padded, ``native_outputs``), ``conv_patches`` on
+    CPU for small maps and 1×1 kernels (``native_is_faster``).
 
     ``x[B, H, W, I] * kernel[kh, kw, I, O] -> [B, H', W', O]`` (cross-correlation, symmetric
     zero padding ``pad``); the two paths agree up to float32 rounding.
@@ -115,10 +139,14 @@ def conv(x: jax.Array, kernel: jax.Array, stride: int, pad: int,
     if not native_is_faster(x.shape, kernel.shape, stride, pad):
         return conv_patches(x, kernel, stride, pad, preferred_element_type)
     dtype = jnp.result_type(x, kernel)  # promote mixed inputs as the patch matmul's dot does
-    return jax.lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), (stride, stride),
-                                        [(pad, pad), (pad, pad)],
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                        preferred_element_type=preferred_element_type)
+    cout, computed = kernel.shape[3], native_outputs(kernel.shape)
+    if computed != cout:
+        kernel = jnp.pad(kernel, ((0, 0), (0, 0), (0, 0), (0, computed - cout)))
+    y = jax.lax.conv_general_dilated(x.astype(dtype), kernel.astype(dtype), (stride, stride),
+                                     [(pad, pad), (pad, pad)],
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                     preferred_element_type=preferred_element_type)
+    return y if computed == cout else y[..., :cout]
 
 
 def conv2d(cin: int, cout: int, size: int, *, stride: int = 1, padding: int = 0,
