@@ -268,3 +268,16 @@ def test_convert_names_the_missing_flag(tmp_path, kind, args, flag):
     assert result.exit_code == 2, result.output
     assert f"for {flag}: not given" in result.output and kind in result.output, result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_check_at_least_names_the_first_flag_below_its_bound():
+    """The training commands' integer bounds: every value at or above its bound passes; the
+    first one below raises click's usage error (exit 2) naming flag, value and range."""
+    import click
+
+    cli_common.check_at_least(("--save-every", 1, 1), ("--image-size", 16, 16))
+    with pytest.raises(click.BadParameter) as err:
+        cli_common.check_at_least(("--save-every", 3, 1), ("--image-size", 15, 16),
+                                  ("--prototype-dim", 0, 1))
+    assert err.value.param_hint == "--image-size" and err.value.exit_code == 2
+    assert "got 15, allowed range [16, ∞)" in err.value.format_message()

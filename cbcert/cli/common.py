@@ -58,6 +58,14 @@ def check(rule: str, value: Any, flag: str) -> None:
         validate(rule, value, key="value", label=flag)
 
 
+def check_at_least(*checks: tuple[str, int, int]) -> None:
+    """Each ``(flag, value, low)`` must have ``value >= low`` (exit 2 naming the flag, the
+    value and the allowed range)."""
+    for flag, value, low in checks:
+        if value < low:
+            raise click.BadParameter(f"got {value}, allowed range [{low}, ∞)", param_hint=flag)
+
+
 def default_of(cls: type, name: str) -> Any:
     """The default of field ``name`` of the dataclass ``cls`` (the one source of defaults)."""
     field = {f.name: f for f in dataclasses.fields(cls)}[name]

@@ -122,9 +122,7 @@ def train_classifier_cmd(init: Path, dataset: str, out: Path, steps: int, batch_
     from cbcert.training.classifier import ClassifierTrainConfig
     from cbcert.training.classifier_run import run
 
-    for flag, value, low in (("--save-every", save_every, 1), ("--image-size", image_size, 16)):
-        if value < low:
-            raise click.BadParameter(f"got {value}, allowed range [{low}, ∞)", param_hint=flag)
+    common.check_at_least(("--save-every", save_every, 1), ("--image-size", image_size, 16))
     try:
         config = ClassifierTrainConfig(steps=steps, batch_size=batch_size, lr=lr,
                                        momentum=momentum, weight_decay=weight_decay,

@@ -96,9 +96,7 @@ def train_pcbm_cmd(backbone_dir: Path, dataset: str, out: Path, hybrid_out: Path
     from cbcert.training.pcbm import PCBMTrainConfig, select_concepts
     from cbcert.training.pcbm_run import PCBMData, run
 
-    for flag, value, low in (("--save-every", save_every, 1), ("--image-size", image_size, 16)):
-        if value < low:
-            raise click.BadParameter(f"got {value}, allowed range [{low}, ∞)", param_hint=flag)
+    common.check_at_least(("--save-every", save_every, 1), ("--image-size", image_size, 16))
     choice = concept_choice(concepts_spec)
     with common.bad_input(FLAGS):
         config = PCBMTrainConfig(n_samples=n_samples, svm_c=svm_c, lam=lam, l1_ratio=l1_ratio,

@@ -75,11 +75,9 @@ def train_pixpnet_cmd(init: Path, dataset: str, out: Path, feature_layer: str,
     from cbcert.training.pixpnet import PixPNetTrainConfig
     from cbcert.training.pixpnet_run import new_pixpnet, run
 
-    for flag, value, low in (("--save-every", save_every, 1), ("--image-size", image_size, 16),
-                             ("--prototypes-per-class", prototypes_per_class, 1),
-                             ("--prototype-dim", prototype_dim, 1)):
-        if value < low:
-            raise click.BadParameter(f"got {value}, allowed range [{low}, ∞)", param_hint=flag)
+    common.check_at_least(("--save-every", save_every, 1), ("--image-size", image_size, 16),
+                          ("--prototypes-per-class", prototypes_per_class, 1),
+                          ("--prototype-dim", prototype_dim, 1))
     with common.bad_input(FLAGS):
         config = PixPNetTrainConfig(warm_steps=warm_steps, joint_steps=joint_steps,
                                     last_steps=last_steps, batch_size=batch_size,

@@ -42,7 +42,6 @@ a run resumed from its progress checkpoint is bit-identical to an uninterrupted 
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +57,7 @@ from cbcert.engine import compiler
 from cbcert.generators.base import Generator
 from cbcert.generators.cbae import CBAE, CBAEConfig
 from cbcert.schema import ConfigError
+from cbcert.training.programs import ProgramCache, abstract, filled
 
 Labeler = Callable[[jax.Array], jax.Array]  # x[B, H, W, 3] in [0, 1] -> s[B, K] concept logits
 
@@ -167,16 +167,7 @@ def init_state(model: CBAE, config: CBAETrainConfig) -> TrainState:
 # functions, the settings): a resumed run or a second evaluation in the same process (the
 # library API, the tests) reuses their compilation. A few entries: one run's step and
 # evaluation, and the last run's.
-_PROGRAMS: OrderedDict = OrderedDict()
-
-
-def _cached(key: tuple, build: Callable[[], Callable]) -> Callable:
-    if key not in _PROGRAMS:
-        _PROGRAMS[key] = build()
-        while len(_PROGRAMS) > 4:
-            _PROGRAMS.popitem(last=False)
-    _PROGRAMS.move_to_end(key)
-    return _PROGRAMS[key]
+_PROGRAMS = ProgramCache(4)
 
 
 def _generator_key(generator: Generator) -> tuple:
@@ -197,8 +188,9 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
     model.set_attributes(use_running_average=True)
     key = ("step", train_graphdef, _generator_key(generator), labeler,
            dataclasses.replace(config, steps=1))
-    jitted = _cached(key, lambda: _build_step(generator, labeler, model.config, train_graphdef,
-                                              param_template, stat_template, config))
+    jitted = _PROGRAMS.get(key, lambda: _build_step(
+        generator, labeler, model.config, train_graphdef, abstract(param_template),
+        abstract(stat_template), config))
 
     def step(arrays, key):
         return jitted(arrays, generator.params, key)
@@ -208,10 +200,6 @@ def make_step(generator: Generator, labeler: Labeler, model: CBAE, config: CBAET
 
 def _build_step(generator, labeler, model_config, train_graphdef, param_template,
                 stat_template, config) -> Callable:
-    param_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
-                                  param_template)
-    stat_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
-                                 stat_template)
     k = model_config.num_concepts
     opt_a, opt_b = _optimisers(config)
 
@@ -277,13 +265,6 @@ def _autoencode(m: CBAE, w: jax.Array) -> tuple[jax.Array, jax.Array]:
     return c, m.decode(c)
 
 
-def filled(template: nnx.State, pure: dict) -> nnx.State:
-    """A copy of ``template`` (fresh Variables, the module is untouched) holding ``pure``."""
-    state = jax.tree.map(lambda x: x, template)
-    nnx.replace_by_pure_dict(state, pure)
-    return state
-
-
 def trained_module(model: CBAE, state: TrainState) -> CBAE:
     """``model`` (eval mode) carrying ``state``'s parameters and running statistics."""
     graphdef, params, stats = nnx.split(model, nnx.Param, nnx.BatchStat)
@@ -326,8 +307,8 @@ def evaluate(generator: Generator, labeler: Labeler, cbae: CBAE, key: jax.Array,
     # program: evaluations of different weights (before and after training, every run) share
     # one compiled program.
     graphdef, cbae_state = nnx.split(cbae)
-    measure = _cached(("evaluate", graphdef, _generator_key(generator), labeler),
-                      lambda: _build_measure(generator, labeler, graphdef, k))
+    measure = _PROGRAMS.get(("evaluate", graphdef, _generator_key(generator), labeler),
+                            lambda: _build_measure(generator, labeler, graphdef, k))
     parts = []
     for start in range(0, n, batch):
         size = min(batch, n - start)

@@ -25,7 +25,6 @@ The training state is a pytree of plain dicts (`TrainState`), checkpointed by
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,9 +34,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from cbcert.engine import compiler
 from cbcert.schema import ConfigError
-from cbcert.training.cbae import filled
+from cbcert.training.programs import ProgramCache, abstract, filled, gradient_step
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -157,26 +155,16 @@ def make_step(module: nnx.Module, config: ClassifierTrainConfig) -> Callable:
     module.train()
     graphdef, param_template, stat_template = nnx.split(module, nnx.Param, nnx.BatchStat)
     module.eval()
-    key = (graphdef, config)
-    if key not in _STEPS:
-        _STEPS[key] = _build_step(graphdef, param_template, stat_template, config)
-        while len(_STEPS) > 2:
-            _STEPS.popitem(last=False)
-    _STEPS.move_to_end(key)
-    return _STEPS[key]
+    return _STEPS.get((graphdef, config), lambda: _build_step(
+        graphdef, abstract(param_template), abstract(stat_template), config))
 
 
-# The last steps built, by (graph, settings): a resumed run in the same process (the library
-# API, the tests) reuses their compilation.
-_STEPS: OrderedDict = OrderedDict()
+# The last steps built, by (graph, settings).
+_STEPS = ProgramCache(2)
 
 
 def _build_step(graphdef, param_template, stat_template, config: ClassifierTrainConfig
                 ) -> Callable:
-    param_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
-                                  param_template)
-    stat_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
-                                 stat_template)
     opt = optimizer(config)
     mean = jnp.asarray(config.mean, jnp.float32)
     std = jnp.asarray(config.std, jnp.float32)
@@ -194,14 +182,7 @@ def _build_step(graphdef, param_template, stat_template, config: ClassifierTrain
             accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == y)
         return loss, (nnx.to_pure_dict(nnx.state(model, nnx.BatchStat)), accuracy)
 
-    @compiler.jit
-    def step(params, stats, opt_state, x, y):
-        (loss, (stats, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, stats, x, y)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), stats, opt_state, loss, accuracy
-
-    return step
+    return gradient_step(loss_fn, opt)
 
 
 def trained_module(module: nnx.Module, state: TrainState) -> nnx.Module:

@@ -33,7 +33,6 @@ readout's iterations). PyTorch's Adam adds weight decay to the gradient (not Ada
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,8 +45,8 @@ from flax import nnx
 
 from cbcert.engine import compiler
 from cbcert.schema import ConfigError
-from cbcert.training.cbae import filled
 from cbcert.training.classifier import IMAGENET_MEAN, IMAGENET_STD, trained_module
+from cbcert.training.programs import ProgramCache, abstract, filled, gradient_step
 
 PHASES = ("warm", "joint", "last")
 # Top-level attributes of a PixPNet and the parameter group each belongs to.
@@ -185,7 +184,7 @@ def prototype_losses(d: jax.Array, y: jax.Array, owner: jax.Array, num_classes: 
 # The last steps built, by (graph, settings, phase), and push scans, by graph: a resumed run in
 # the same process (the library API, the tests) reuses their compilation. Four entries: one
 # run's phases and its push.
-_STEPS: OrderedDict = OrderedDict()
+_STEPS = ProgramCache(len(PHASES) + 1)
 
 
 def make_step(module: nnx.Module, config: PixPNetTrainConfig, phase: str) -> Callable:
@@ -195,22 +194,12 @@ def make_step(module: nnx.Module, config: PixPNetTrainConfig, phase: str) -> Cal
     module.train()
     graphdef, param_template, stat_template = nnx.split(module, nnx.Param, nnx.BatchStat)
     module.eval()
-    key = (graphdef, config, phase)
-    if key in _STEPS:
-        _STEPS.move_to_end(key)
-        return _STEPS[key]
-    step = _build_step(graphdef, param_template, stat_template, module.config, config, phase)
-    _STEPS[key] = step
-    while len(_STEPS) > len(PHASES) + 1:
-        _STEPS.popitem(last=False)
-    return step
+    return _STEPS.get((graphdef, config, phase), lambda: _build_step(
+        graphdef, abstract(param_template), abstract(stat_template), module.config, config,
+        phase))
 
 
 def _build_step(graphdef, param_template, stat_template, model_config, config, phase):
-    param_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
-                                  param_template)
-    stat_template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype),
-                                 stat_template)
     p, c = model_config.num_prototypes, model_config.num_classes
     owner = jnp.asarray(prototype_owner(p, c))
     wrong = 1.0 - jax.nn.one_hot(owner, c)  # [P, C]: the kernel's wrong-class connections
@@ -232,14 +221,7 @@ def _build_step(graphdef, param_template, stat_template, model_config, config, p
         accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == y)
         return loss, (nnx.to_pure_dict(nnx.state(model, nnx.BatchStat)), accuracy)
 
-    @compiler.jit
-    def step(params, stats, opt_state, x, y):
-        (loss, (stats, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, stats, x, y)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), stats, opt_state, loss, accuracy
-
-    return step
+    return gradient_step(loss_fn, opt)
 
 
 def make_push_scan(module: nnx.Module) -> Callable:
@@ -247,9 +229,10 @@ def make_push_scan(module: nnx.Module) -> Callable:
     (best d[P], best patch z[P, D])`` over the batch's images of each prototype's class
     (``inf`` where the batch has none), the network in eval mode."""
     module.eval()
-    key = (nnx.graphdef(module), "push")
-    if key in _STEPS:
-        return _STEPS[key]
+    return _STEPS.get((nnx.graphdef(module), "push"), lambda: _build_push_scan(module))
+
+
+def _build_push_scan(module: nnx.Module) -> Callable:
     apply_fn, _ = _pure(module)
     p, c = module.config.num_prototypes, module.config.num_classes
     owner = jnp.asarray(prototype_owner(p, c))
@@ -265,9 +248,6 @@ def make_push_scan(module: nnx.Module) -> Callable:
         where = jnp.argmin(flat, axis=0)  # [P]
         return flat[where, jnp.arange(p)], z.reshape(b * h * w, dim)[where]
 
-    _STEPS[key] = scan
-    while len(_STEPS) > len(PHASES) + 1:
-        _STEPS.popitem(last=False)
     return scan
 
 
