@@ -43,7 +43,6 @@ import collections
 import contextlib
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,20 +80,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from cbcert.runs.machine import cpu_description  # noqa: E402
+
 # ------------------------------------------------------------------------ the machine
-
-
-def cpu_description() -> tuple[str, list[str]]:
-    """The CPU model and the ISA flags that matter here, from ``lscpu`` (Linux)."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return platform.processor() or platform.machine(), []
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    model = fields.get("Model name", platform.machine()).strip()
-    flags = fields.get("Flags", "").split()
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
-    return model, [f for f in wanted if f in flags]
 
 
 def has_bf16_units(flags: list[str]) -> bool:

@@ -132,6 +132,39 @@ def test_resume_after_interrupted_cell_gives_identical_summaries(world, tmp_path
     assert records.read_text().splitlines(keepends=True)[:2] == lines[:2]
     assert len(records.read_text().splitlines()) == len(lines)
 
+    # Both sessions logged: start (revision, versions, machine) and end (the cells finished).
+    log = [json.loads(line) for line in (out / sweep.SESSIONS).read_text().splitlines()]
+    assert [e["event"] for e in log] == ["start", "end", "start", "end"]
+    for start, end in (log[:2], log[2:]):
+        assert start["git_revision"] == manifest["git_revision"] and start["cells"] == 2
+        assert start["versions"] == manifest["versions"] and start["shard"] is None
+        assert start["machine"]["cpu"] and start["machine"]["logical_cpus"] >= 1
+        assert end["finished"] == cells and end["time"] >= start["time"]
+
+
+def test_a_stopped_sweep_logs_what_it_finished(world, tmp_path, monkeypatch):
+    """Ctrl-C in the second cell: the session's last line says it stopped, why, and that the
+    first cell was finished; the error still reaches the caller."""
+    path, cfg = _config(tmp_path)
+    out = tmp_path / "run"
+    calls = []
+
+    def run(world_, job, cell_out, progress=None):
+        calls.append(cell_out.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(world_, job, cell_out, progress=progress)
+
+    real = sweep.certify_runner.run
+    monkeypatch.setattr(sweep.certify_runner, "run", run)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(cfg, out, sections=sweep.sections_in_file(path),
+                        load_world=lambda preset: world)
+    log = [json.loads(line) for line in (out / sweep.SESSIONS).read_text().splitlines()]
+    assert [e["event"] for e in log] == ["start", "stopped"]
+    assert log[1]["reason"] == "KeyboardInterrupt"
+    assert log[1]["finished"] == ["latent-sigma0.25"]
+
 
 def test_other_config_into_same_out_is_refused(world, tmp_path):
     _, cfg = _config(tmp_path, TINY.replace("sigmas: [0.25, 0.5]", "sigmas: [0.5]"))

@@ -38,11 +38,20 @@ on the sweep directory; the first shard to start writes ``manifest.json`` (`writ
 the others check theirs against it. So shards never write the same file, and the union of
 their cell directories is the unsplit sweep's. `sweep_status` lists every cell as done, running
 or missing.
+
+Sessions: a sweep that takes days is resumed by many processes, perhaps on machines whose
+arithmetic differs in the last bits (AVX2 and AVX-512) and at several revisions of cbcert.
+Each `run_sweep` call appends to ``<out>/sessions.jsonl`` (process 0 of a multi-host job; every
+shard its own lines): a ``"start"`` line (UTC time, git revision, versions, the machine of
+`cbcert.runs.machine.describe`, the shard, how many cells it will visit) and, when it returns
+or raises, an ``"end"`` or ``"stopped"`` line with the cells it finished. A process killed
+outright (SIGTERM, SIGKILL) leaves its start line only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -64,12 +73,15 @@ from cbcert.runs.directory import (
     MANIFEST,
     RecordsError,
     RunMismatchError,
+    append_records,
     check_writable,
+    json_line,
     on_coordinator,
     read_json,
     write_json_once,
 )
 from cbcert.runs.lock import hold
+from cbcert.runs.machine import describe as describe_machine
 from cbcert.runs.shards import (
     CellStatus,
     assign_shards,
@@ -290,6 +302,15 @@ def manifest(config: ExperimentConfig, cells: Sequence[Cell], world) -> dict[str
 
 # The manifest's keys a rerun (or another process of a multi-host job) must match.
 PINNED = ("config", "cells", "world")
+# The sweep directory's log of the processes that worked on it (module docstring, "Sessions").
+SESSIONS = "sessions.jsonl"
+
+
+def _log_session(out: Path, event: str, **fields: Any) -> None:
+    """Append one ``{"event", "time", **fields}`` line to ``out/SESSIONS`` (process 0)."""
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    with append_records(out / SESSIONS) as sink:
+        sink.write(json_line({"event": event, "time": now, **fields}))
 
 
 def _write_manifest(out: Path, meta: dict[str, Any]) -> None:
@@ -378,20 +399,29 @@ def run_sweep(
                          for c in cells if c.world == name]
             _write_manifest(out / name, manifest(own, own_cells, worlds[name]))
         summaries = {}
-        for cell in mine:
-            callback = progress(cell.name) if progress else None
-            run_cell = {"certify": certify_runner.run, "perturb": perturb_runner.run,
-                        "attack": attack_runner.run, "classes": classes_runner.run,
-                        "explain": explain_runner.run}[cell.kind]
-            result = run_cell(worlds[cell.world], cell.job, out / cell.name, progress=callback)
-            summaries[cell.name] = result.summary
-            if on_cell:
-                on_cell(cell, result)
+        _log_session(out, "start", git_revision=meta["git_revision"],
+                     versions=meta["versions"], machine=describe_machine(),
+                     shard=list(shard) if shard else None, cells=len(mine))
+        try:
+            for cell in mine:
+                callback = progress(cell.name) if progress else None
+                run_cell = {"certify": certify_runner.run, "perturb": perturb_runner.run,
+                            "attack": attack_runner.run, "classes": classes_runner.run,
+                            "explain": explain_runner.run}[cell.kind]
+                result = run_cell(worlds[cell.world], cell.job, out / cell.name,
+                                  progress=callback)
+                summaries[cell.name] = result.summary
+                if on_cell:
+                    on_cell(cell, result)
+        except BaseException as err:  # Ctrl-C too: log what this session finished, then raise
+            _log_session(out, "stopped", reason=type(err).__name__, finished=list(summaries))
+            raise
+        _log_session(out, "end", finished=list(summaries))
         return summaries
 
 
 __all__ = [
-    "DEFAULT_SECTIONS", "PINNED", "SECTIONS", "Cell", "CellStatus", "assign_shards",
+    "DEFAULT_SECTIONS", "PINNED", "SECTIONS", "SESSIONS", "Cell", "CellStatus", "assign_shards",
     "cell_cost", "check_cells",
     "check_shard", "git_revision", "manifest", "plan_cells", "run_sweep", "sections_in_file",
     "shard_cells", "sweep_status",

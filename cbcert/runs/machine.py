@@ -1,0 +1,40 @@
+"""What machine a run ran on: the CPU model and the instruction sets that change its float bits
+or its speed (AVX-512 rounds some float32 sums differently from AVX2; AMX and AVX512-BF16 are
+what bf16 needs), the logical CPUs and the platform.
+
+A run that spans sessions may span machines (a sweep resumed elsewhere); `cbcert.runs.sweep`
+logs this description once per session, so every record can be traced to the machine and
+revision that made it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+
+# The ISA flags that matter to cbcert's numbers and speed, in the order they are reported.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
+
+
+def cpu_description() -> tuple[str, list[str]]:
+    """``(CPU model, [ISA_FLAGS this CPU has])`` from ``lscpu`` (Linux); elsewhere the
+    platform's processor name and no flags."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return platform.processor() or platform.machine(), []
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    model = fields.get("Model name", platform.machine()).strip()
+    flags = fields.get("Flags", "").split()
+    return model, [f for f in ISA_FLAGS if f in flags]
+
+
+def describe() -> dict:
+    """``{"cpu": model, "isa": [flags], "logical_cpus": n, "platform": platform string}``."""
+    model, flags = cpu_description()
+    return {"cpu": model, "isa": flags, "logical_cpus": os.cpu_count(),
+            "platform": platform.platform()}
+
+
+__all__ = ["ISA_FLAGS", "cpu_description", "describe"]
