@@ -178,6 +178,10 @@ def test_figures_are_pngs_and_absent_data_are_noted(run_dir, written):
         assert any(absent in n for n in notes)
     markdown = (run_dir / report.REPORT_DIR / "report.md").read_text()
     assert "Config `tiny`" in markdown and "![robustness_gap](robustness_gap.png)" in markdown
+    # The sweep's one session, its revision and its machine (sessions.jsonl).
+    start = json.loads((run_dir / sweep.SESSIONS).read_text().splitlines()[0])
+    assert (f"Sessions (sessions.jsonl): 1 started; revisions `{str(start['git_revision'])[:7]}`;"
+            f" machines {start['machine']['cpu']} (" in markdown)
 
 
 def test_subset_tables_list_each_model_and_test():
@@ -416,3 +420,20 @@ def test_radius_tests_are_recomputed_from_the_records_at_the_summary_subsets(tmp
     result = CliRunner().invoke(main, ["report", str(run)])
     assert result.exit_code == 2, result.output
     assert "records.jsonl" in " ".join(result.output.split())
+
+
+def test_sessions_line_counts_revisions_and_machines_and_skips_a_torn_line(tmp_path):
+    from cbcert.report.write import _sessions_line
+
+    assert _sessions_line(tmp_path) is None
+    intel = {"cpu": "Xeon", "isa": ["avx2", "avx512f"]}
+    amd = {"cpu": "EPYC", "isa": ["avx2"]}
+    lines = [{"event": "start", "git_revision": "a" * 40, "machine": intel},
+             {"event": "end", "finished": []},
+             {"event": "start", "git_revision": "a" * 40, "machine": intel},
+             {"event": "start", "git_revision": "b" * 40, "machine": amd}]
+    (tmp_path / sweep.SESSIONS).write_text(
+        "".join(json.dumps(e) + "\n" for e in lines) + '{"event": "sta')
+    assert _sessions_line(tmp_path) == (
+        "Sessions (sessions.jsonl): 3 started; revisions `aaaaaaa` ×2, `bbbbbbb`; machines "
+        "Xeon (avx2 avx512f) ×2, EPYC (avx2).")

@@ -28,6 +28,8 @@ the file (`cbcert.report.cells`), and so does a summary whose content the tables
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -44,6 +46,7 @@ from cbcert.report.figures import write_figures
 from cbcert.report.tables import tables
 from cbcert.report.worlds import cross_world_figures, cross_world_tables, world_cells
 from cbcert.runs.directory import RunDirError, check_writable
+from cbcert.runs.sweep import SESSIONS
 from cbcert.schema import shorten
 
 REPORT_DIR = "report"
@@ -64,7 +67,43 @@ def _header(run_dir: Path) -> str:
         lines += [shorten(f"Config `{name}`, world `{world}`, seed {m.get('seed')}, git "
                           f"`{m.get('git_revision')}`; {versions}; devices {m.get('devices')}.",
                           1000), ""]
+    sessions = _sessions_line(run_dir)
+    if sessions:
+        lines += [sessions, ""]
     return "\n".join(lines)
+
+
+def _sessions_line(run_dir: Path) -> str | None:
+    """Who worked on a sweep, from its ``sessions.jsonl`` (`cbcert.runs.sweep`): how many
+    sessions started, their git revisions and their machines (CPU model and ISA flags), each
+    with its count. None without a log; lines that are not JSON objects (a torn last line)
+    are left out."""
+    path = Path(run_dir) / SESSIONS
+    if not path.is_file():
+        return None
+    starts = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("event") == "start":
+            starts.append(entry)
+    if not starts:
+        return None
+
+    def counted(values) -> str:
+        counts = Counter(values)
+        return ", ".join(f"{v} ×{n}" if n > 1 else v for v, n in counts.items())
+
+    def machine(entry) -> str:
+        m = entry.get("machine") if isinstance(entry.get("machine"), dict) else {}
+        isa = m.get("isa") if isinstance(m.get("isa"), list) else []
+        return f"{m.get('cpu', '?')} ({' '.join(map(str, isa)) or 'no ISA flags read'})"
+
+    revisions = counted(f"`{str(e.get('git_revision'))[:7]}`" for e in starts)
+    return shorten(f"Sessions ({SESSIONS}): {len(starts)} started; revisions {revisions}; "
+                   f"machines {counted(machine(e) for e in starts)}.", 1000)
 
 
 def _check_content(run_dir: Path, cells: Sequence[CellResult]) -> None:
