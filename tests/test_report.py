@@ -15,7 +15,7 @@ from cbcert.cli import main
 from cbcert.report import cells, figures, tables
 from cbcert.report import write as report
 from cbcert.runs import attack as attack_runner
-from cbcert.runs import sweep
+from cbcert.runs import sessions, sweep
 from cbcert.runs.config import load_config
 from cbcert.runs.directory import RECORDS
 from cbcert.worlds.builtin import untrained_world
@@ -179,7 +179,7 @@ def test_figures_are_pngs_and_absent_data_are_noted(run_dir, written):
     markdown = (run_dir / report.REPORT_DIR / "report.md").read_text()
     assert "Config `tiny`" in markdown and "![robustness_gap](robustness_gap.png)" in markdown
     # The sweep's one session, its revision and its machine (sessions.jsonl).
-    start = json.loads((run_dir / sweep.SESSIONS).read_text().splitlines()[0])
+    start = json.loads((run_dir / sessions.SESSIONS).read_text().splitlines()[0])
     assert (f"Sessions (sessions.jsonl): 1 started; revisions `{str(start['git_revision'])[:7]}`;"
             f" machines {start['machine']['cpu']} (" in markdown)
 
@@ -432,7 +432,7 @@ def test_sessions_line_counts_revisions_and_machines_and_skips_a_torn_line(tmp_p
              {"event": "end", "finished": []},
              {"event": "start", "git_revision": "a" * 40, "machine": intel},
              {"event": "start", "git_revision": "b" * 40, "machine": amd}]
-    (tmp_path / sweep.SESSIONS).write_text(
+    (tmp_path / sessions.SESSIONS).write_text(
         "".join(json.dumps(e) + "\n" for e in lines) + '{"event": "sta')
     assert _sessions_line(tmp_path) == (
         "Sessions (sessions.jsonl): 3 started; revisions `aaaaaaa` ×2, `bbbbbbb`; machines "

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from cbcert.cli import main
-from cbcert.runs import sweep
+from cbcert.runs import sessions, sweep
 from cbcert.runs.config import ConfigError, ExperimentConfig, load_config
 from cbcert.runs.directory import RECORDS, SUMMARY, RunMismatchError
 from cbcert.worlds.builtin import untrained_world
@@ -133,7 +133,7 @@ def test_resume_after_interrupted_cell_gives_identical_summaries(world, tmp_path
     assert len(records.read_text().splitlines()) == len(lines)
 
     # Both sessions logged: start (revision, versions, machine) and end (the cells finished).
-    log = [json.loads(line) for line in (out / sweep.SESSIONS).read_text().splitlines()]
+    log = [json.loads(line) for line in (out / sessions.SESSIONS).read_text().splitlines()]
     assert [e["event"] for e in log] == ["start", "end", "start", "end"]
     for start, end in (log[:2], log[2:]):
         assert start["git_revision"] == manifest["git_revision"] and start["cells"] == 2
@@ -160,7 +160,7 @@ def test_a_stopped_sweep_logs_what_it_finished(world, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         sweep.run_sweep(cfg, out, sections=sweep.sections_in_file(path),
                         load_world=lambda preset: world)
-    log = [json.loads(line) for line in (out / sweep.SESSIONS).read_text().splitlines()]
+    log = [json.loads(line) for line in (out / sessions.SESSIONS).read_text().splitlines()]
     assert [e["event"] for e in log] == ["start", "stopped"]
     assert log[1]["reason"] == "KeyboardInterrupt"
     assert log[1]["finished"] == ["latent-sigma0.25"]

@@ -28,7 +28,6 @@ the file (`cbcert.report.cells`), and so does a summary whose content the tables
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,8 +44,8 @@ from cbcert.report.cells import (
 from cbcert.report.figures import write_figures
 from cbcert.report.tables import tables
 from cbcert.report.worlds import cross_world_figures, cross_world_tables, world_cells
+from cbcert.runs import sessions
 from cbcert.runs.directory import RunDirError, check_writable
-from cbcert.runs.sweep import SESSIONS
 from cbcert.schema import shorten
 
 REPORT_DIR = "report"
@@ -74,21 +73,10 @@ def _header(run_dir: Path) -> str:
 
 
 def _sessions_line(run_dir: Path) -> str | None:
-    """Who worked on a sweep, from its ``sessions.jsonl`` (`cbcert.runs.sweep`): how many
+    """Who worked on a sweep, from its ``sessions.jsonl`` (`cbcert.runs.sessions`): how many
     sessions started, their git revisions and their machines (CPU model and ISA flags), each
-    with its count. None without a log; lines that are not JSON objects (a torn last line)
-    are left out."""
-    path = Path(run_dir) / SESSIONS
-    if not path.is_file():
-        return None
-    starts = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and entry.get("event") == "start":
-            starts.append(entry)
+    with its count. None without a log."""
+    starts = sessions.starts(run_dir)
     if not starts:
         return None
 
@@ -102,8 +90,8 @@ def _sessions_line(run_dir: Path) -> str | None:
         return f"{m.get('cpu', '?')} ({' '.join(map(str, isa)) or 'no ISA flags read'})"
 
     revisions = counted(f"`{str(e.get('git_revision'))[:7]}`" for e in starts)
-    return shorten(f"Sessions ({SESSIONS}): {len(starts)} started; revisions {revisions}; "
-                   f"machines {counted(machine(e) for e in starts)}.", 1000)
+    return shorten(f"Sessions ({sessions.SESSIONS}): {len(starts)} started; revisions "
+                   f"{revisions}; machines {counted(machine(e) for e in starts)}.", 1000)
 
 
 def _check_content(run_dir: Path, cells: Sequence[CellResult]) -> None:

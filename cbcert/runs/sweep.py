@@ -39,19 +39,13 @@ the others check theirs against it. So shards never write the same file, and the
 their cell directories is the unsplit sweep's. `sweep_status` lists every cell as done, running
 or missing.
 
-Sessions: a sweep that takes days is resumed by many processes, perhaps on machines whose
-arithmetic differs in the last bits (AVX2 and AVX-512) and at several revisions of cbcert.
-Each `run_sweep` call appends to ``<out>/sessions.jsonl`` (process 0 of a multi-host job; every
-shard its own lines): a ``"start"`` line (UTC time, git revision, versions, the machine of
-`cbcert.runs.machine.describe`, the shard, how many cells it will visit) and, when it returns
-or raises, an ``"end"`` or ``"stopped"`` line with the cells it finished. A process killed
-outright (SIGTERM, SIGKILL) leaves its start line only.
+Each call logs itself in ``<out>/sessions.jsonl`` (`cbcert.runs.sessions`): when, at which
+revision, on which machine, and which cells were complete when it left.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -66,16 +60,14 @@ from cbcert.runs import attack as attack_runner
 from cbcert.runs import certify as certify_runner
 from cbcert.runs import classes as classes_runner
 from cbcert.runs import explain as explain_runner
-from cbcert.runs import explanations, peers
+from cbcert.runs import explanations, peers, sessions
 from cbcert.runs import perturb as perturb_runner
 from cbcert.runs.config import ConfigError, ExperimentConfig
 from cbcert.runs.directory import (
     MANIFEST,
     RecordsError,
     RunMismatchError,
-    append_records,
     check_writable,
-    json_line,
     on_coordinator,
     read_json,
     write_json_once,
@@ -302,15 +294,6 @@ def manifest(config: ExperimentConfig, cells: Sequence[Cell], world) -> dict[str
 
 # The manifest's keys a rerun (or another process of a multi-host job) must match.
 PINNED = ("config", "cells", "world")
-# The sweep directory's log of the processes that worked on it (module docstring, "Sessions").
-SESSIONS = "sessions.jsonl"
-
-
-def _log_session(out: Path, event: str, **fields: Any) -> None:
-    """Append one ``{"event", "time", **fields}`` line to ``out/SESSIONS`` (process 0)."""
-    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    with append_records(out / SESSIONS) as sink:
-        sink.write(json_line({"event": event, "time": now, **fields}))
 
 
 def _write_manifest(out: Path, meta: dict[str, Any]) -> None:
@@ -399,7 +382,7 @@ def run_sweep(
                          for c in cells if c.world == name]
             _write_manifest(out / name, manifest(own, own_cells, worlds[name]))
         summaries = {}
-        _log_session(out, "start", git_revision=meta["git_revision"],
+        sessions.log(out, "start", git_revision=meta["git_revision"],
                      versions=meta["versions"], machine=describe_machine(),
                      shard=list(shard) if shard else None, cells=len(mine))
         try:
@@ -414,14 +397,14 @@ def run_sweep(
                 if on_cell:
                     on_cell(cell, result)
         except BaseException as err:  # Ctrl-C too: log what this session finished, then raise
-            _log_session(out, "stopped", reason=type(err).__name__, finished=list(summaries))
+            sessions.log(out, "stopped", reason=type(err).__name__, finished=list(summaries))
             raise
-        _log_session(out, "end", finished=list(summaries))
+        sessions.log(out, "end", finished=list(summaries))
         return summaries
 
 
 __all__ = [
-    "DEFAULT_SECTIONS", "PINNED", "SECTIONS", "SESSIONS", "Cell", "CellStatus", "assign_shards",
+    "DEFAULT_SECTIONS", "PINNED", "SECTIONS", "Cell", "CellStatus", "assign_shards",
     "cell_cost", "check_cells",
     "check_shard", "git_revision", "manifest", "plan_cells", "run_sweep", "sections_in_file",
     "shard_cells", "sweep_status",

@@ -1,0 +1,49 @@
+"""The log of the processes that worked on a sweep directory: ``<out>/sessions.jsonl``.
+
+A sweep that takes days is resumed by many processes, perhaps on machines whose arithmetic
+differs in the last bits (AVX2 and AVX-512) and at several revisions of cbcert. Each
+`cbcert.runs.sweep.run_sweep` call appends (process 0 of a multi-host job; every shard its own
+lines) a ``"start"`` line — UTC time, git revision, versions, the machine of
+`cbcert.runs.machine.describe`, the shard, how many cells it will visit — and, when it returns
+or raises, an ``"end"`` or ``"stopped"`` line with the cells complete when it left. A process
+killed outright (SIGTERM, SIGKILL) leaves its start line only. `starts` reads the start lines
+back (the report's header counts them).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+from cbcert.runs.directory import append_records, json_line
+
+SESSIONS = "sessions.jsonl"
+
+
+def log(out: Path, event: str, **fields: Any) -> None:
+    """Append one ``{"event", "time" (UTC, ISO 8601), **fields}`` line to ``out/SESSIONS``."""
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    with append_records(Path(out) / SESSIONS) as sink:
+        sink.write(json_line({"event": event, "time": now, **fields}))
+
+
+def starts(out: Path) -> list[dict[str, Any]]:
+    """The ``"start"`` entries of ``out/SESSIONS`` in order ([] without a log); lines that are
+    not JSON objects (a torn last line) are left out."""
+    path = Path(out) / SESSIONS
+    if not path.is_file():
+        return []
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("event") == "start":
+            found.append(entry)
+    return found
+
+
+__all__ = ["SESSIONS", "log", "starts"]
