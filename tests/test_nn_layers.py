@@ -117,11 +117,13 @@ def test_accelerators_take_the_native_convolution(monkeypatch):
     assert_parity(patches, exact, gpu, "patch conv")
 
 
-def _spy_native(monkeypatch) -> list:
+def _spy_native(monkeypatch, operand: int = 0) -> list:
+    """The shapes of operand ``operand`` (0: the input, 1: the kernel) of every native
+    convolution called from here on."""
     calls = []
     native = jax.lax.conv_general_dilated
     monkeypatch.setattr(jax.lax, "conv_general_dilated",
-                        lambda *a, **k: calls.append(a[0].shape) or native(*a, **k))
+                        lambda *a, **k: calls.append(a[operand].shape) or native(*a, **k))
     return calls
 
 
@@ -168,10 +170,7 @@ def test_cpu_rgb_stems_of_slow_widths_are_computed_with_padded_outputs(monkeypat
     from cbcert.nn import layers
 
     assert layers.native_outputs(kernel_shape) == computed
-    kernels = []
-    native = jax.lax.conv_general_dilated
-    monkeypatch.setattr(jax.lax, "conv_general_dilated",
-                        lambda *a, **k: kernels.append(a[1].shape) or native(*a, **k))
+    kernels = _spy_native(monkeypatch, operand=1)
     x = jax.random.normal(jax.random.key(0), (2, 12, 12, kernel_shape[2]))
     k = jax.random.normal(jax.random.key(1), kernel_shape)
     pad = kernel_shape[0] // 2

@@ -40,8 +40,9 @@ def gradient_step(loss_fn: Callable, opt: optax.GradientTransformation) -> Calla
     """The jitted step of ``loss_fn`` under ``opt``.
 
     ``loss_fn(params, stats, x, y) -> (loss, (stats', accuracy))``; the step is
-    ``(params, stats, opt_state, x, y) -> (params − update, stats', opt_state', loss,
-    accuracy)`` with ``update, opt_state' = opt.update(∇_params loss, opt_state, params)``.
+    ``(params, stats, opt_state, x, y) -> (params + updates, stats', opt_state', loss,
+    accuracy)`` with ``updates, opt_state' = opt.update(∇_params loss, opt_state, params)``
+    (``optax.apply_updates``: the optimiser's updates already point downhill).
     """
 
     @compiler.jit
