@@ -5,6 +5,9 @@ Reads every world directory's finished cells (`find_cells`) and writes, into ``<
 * ``worlds_<table>.csv`` for every per-world table (certification, subsets and their tests,
   perturb and its tests, attack, the classes' distance matrices): the rows of every world
   under leading ``world`` and ``family`` columns (columns a world lacks are empty);
+* ``worlds_findings.csv``, first in ``report.md``: every std-vs-model difference of the
+  certification radius test and the flip-rate tests with its 95 % interval, relative size and
+  Holm-adjusted p (`cbcert.report.findings`);
 * ``worlds_gap.csv`` and ``robustness_gap_worlds.png``: the std-vs-cbm gaps (`robustness_gaps`),
   one row per world, one column per budget × metric; the figure draws one heatmap per unit
   (fractions of ΔPFR, ΔSmAcc, ΔRobAcc; L2 and Hamming ΔACR apart), each on its own scale;
@@ -40,6 +43,7 @@ import numpy as np
 
 from cbcert.report.cells import CellResult, DamagedFileError, ReportError, find_cells
 from cbcert.report.figures import robustness_gaps
+from cbcert.report.findings import findings_table
 from cbcert.report.plotting import draw_plans, pyplot, save
 from cbcert.report.tables import Table, _num, tables
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
@@ -69,7 +73,8 @@ def world_cells(run_dir: Path, entries: Sequence[dict[str, Any]],
 
 
 def cross_world_tables(worlds: Sequence[WorldCells]) -> list[Table]:
-    """Every per-world table stacked over worlds, the gap table and the class summary."""
+    """Every per-world table stacked over worlds, the gap table and the class summary, after
+    the findings (`cbcert.report.findings.findings_table`), which come first."""
     stacked: dict[str, list[tuple[str, str, Table]]] = {}
     for name, family, cells in worlds:
         for table in tables(cells):
@@ -98,7 +103,8 @@ def cross_world_tables(worlds: Sequence[WorldCells]) -> list[Table]:
                          "smallest class-centroid distance in f_std's feature space",
                          ("world", "family", "classes", "samples", "mean_distance",
                           "min_distance", "closest_pair"), tuple(summary)))
-    return out
+    found = findings_table(out)
+    return out if found is None else [found, *out]
 
 
 def _closest_pair(summary: dict[str, Any]) -> tuple[float | None, str | None]:

@@ -1,0 +1,150 @@
+"""The findings of a multi-world run: where std and each other model differ, by how much, how sure.
+
+One row per world, budget and pair (std against cbm, cbmh, proto), from the two tests the
+report already runs — no new test, no new p-value:
+
+* **certified radius** (`worlds_certification_radius_tests`, the method's test): ``Δ = R̄_std
+  − R̄_b``, the mean certified radius over correctly predicted inputs, per subset; paired
+  two-sided t-test over the subsets; Holm across the σ (ρ, m) of one world. Δ > 0: std has the
+  larger radius.
+* **flip rate** (`worlds_perturb_tests`): ``Δ = PFR_std − PFR_b`` per subset; paired sign-flip
+  permutation test over the subsets' inputs, Holm over the budgets of one world. Δ > 0: std
+  flips more, b is the more robust.
+
+Added per row: the first model's value (``R̄_std`` or ``PFR_std``, mean over subsets), the 95 %
+t-interval of the mean difference over the k subsets, ``Δ ± t₀.₉₇₅,k−1 · sd/√k`` (the subsets
+overlap when k·size exceeds the inputs, so read it as descriptive), Δ relative to the first
+model's value, and which model is shown the more robust: the one ``p_holm < 0.05`` favours,
+``none shown`` otherwise (``untested`` where the test has no p). Rows of the
+radius test run ``σ`` then ``ρ`` then ``m``, then the flip rates by budget kind.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import scipy.stats
+
+from cbcert.report.tables import Table
+from cbcert.robustness.protocol import BUDGET_SYMBOLS
+
+LEVEL = 0.05
+_NOISE_SYMBOL = {"gaussian": "σ", "bernoulli": "ρ", "fixed": "m"}
+COLUMNS = ("world", "family", "measure", "budget", "type", "model_a", "model_b", "value_a",
+           "delta", "ci_low", "ci_high", "relative", "subsets", "test", "p_holm",
+           "more_robust")
+
+
+def t_interval(mean: float | None, sd: float | None, df: int | None,
+               level: float = 0.95) -> tuple[float | None, float | None]:
+    """The two-sided ``level`` t-interval of a mean over ``k = df + 1`` paired differences:
+    ``mean ± t_{(1+level)/2, df} · sd / √k``; ``(None, None)`` where a value is missing or
+    ``df < 1``."""
+    if mean is None or sd is None or df is None or df < 1 or not math.isfinite(sd):
+        return None, None
+    half = float(scipy.stats.t.ppf(0.5 + level / 2, df)) * sd / math.sqrt(df + 1)
+    return mean - half, mean + half
+
+
+def more_robust(delta: float | None, p_holm: float | None, a: str, b: str,
+                larger_is_robust: bool) -> str:
+    """Which of ``a``, ``b`` the test shows the more robust at `LEVEL` after Holm:
+    ``Δ = value_a − value_b``; with ``larger_is_robust`` (radii) Δ > 0 favours ``a``, without
+    (flip rates) Δ > 0 favours ``b``. ``none shown`` if ``p_holm ≥ LEVEL`` or Δ = 0,
+    ``untested`` without a p."""
+    if p_holm is None or delta is None:
+        return "untested"
+    if p_holm >= LEVEL or delta == 0:
+        return "none shown"
+    return a if (delta > 0) == larger_is_robust else b
+
+
+def _budget_type(symbol: str) -> str:
+    return "semantic" if symbol in ("τ", "ρ", "m") else "geometric"
+
+
+def _rows(table: Table | None) -> list[dict[str, Any]]:
+    if table is None:
+        return []
+    return [dict(zip(table.columns, row, strict=True)) for row in table.rows]
+
+
+def _radius_rows(tests: list[dict], subsets: list[dict]) -> list[tuple]:
+    value = {(r["world"], r["cell"], r["model"]): r.get("radius_of_correct_mean")
+             for r in subsets}
+    order = {"gaussian": 0, "bernoulli": 1, "fixed": 2}
+    out = []
+    for r in sorted(tests, key=lambda r: order.get(r["noise"], 3)):
+        symbol = _NOISE_SYMBOL.get(r["noise"], r["noise"])
+        scale = r["scale"]
+        budget = f"{symbol}={int(scale) if symbol == 'm' else scale:g}"
+        value_a = value.get((r["world"], r["cell"], r["model_a"]))
+        out.append(_row(r, "certified radius R̄", budget, _budget_type(symbol), value_a,
+                        "paired t (subsets)",
+                        larger_is_robust=True))
+    return out
+
+
+def _pfr_rows(tests: list[dict], perturb: list[dict]) -> list[tuple]:
+    value = {(r["world"], r["cell"], r["budget"]): r for r in perturb}
+    kinds = list(BUDGET_SYMBOLS)
+    out = []
+
+    def kind_of(budget: str) -> str:
+        return next((k for k in kinds if budget.startswith(k)), budget)
+
+    for r in sorted(tests, key=lambda r: kinds.index(kind_of(r["budget"]))
+                    if kind_of(r["budget"]) in kinds else len(kinds)):
+        kind = kind_of(r["budget"])
+        symbol = BUDGET_SYMBOLS.get(kind, kind)
+        budget = f"{symbol}={r['budget'][len(kind):]}"
+        row = value.get((r["world"], r["cell"], r["budget"]), {})
+        value_a = row.get(f"pfr_{r['model_a']}_mean")
+        out.append(_row(r, "flip rate PFR", budget, _budget_type(symbol), value_a,
+                        "permutation (inputs)",
+                        larger_is_robust=False))
+    return out
+
+
+def _row(r: dict, measure: str, budget: str, kind: str, value_a: float | None, test: str,
+         larger_is_robust: bool) -> tuple:
+    delta, sd, df = r.get("delta_mean"), r.get("delta_sd"), r.get("df")
+    low, high = t_interval(delta, sd, df)
+    relative = delta / value_a if delta is not None and value_a else None
+    subsets = None if df is None else df + 1
+    return (r["world"], r["family"], measure, budget, kind, r["model_a"], r["model_b"], value_a,
+            delta, low, high, relative, subsets, test, r.get("p_holm"),
+            more_robust(delta, r.get("p_holm"), r["model_a"], r["model_b"], larger_is_robust))
+
+
+def findings_table(tables: Sequence[Table]) -> Table | None:
+    """``worlds_findings``: every std-vs-model difference of the certification radius test and
+    the flip-rate tests across worlds, with the first model's value, the 95 % t-interval, the
+    relative size and the model shown the more robust (module docstring). ``tables``: the
+    cross-world tables (`cbcert.report.worlds.cross_world_tables`); None if neither test ran.
+    """
+    by_name = {t.name: t for t in tables}
+    radius = _rows(by_name.get("worlds_certification_radius_tests"))
+    pfr = _rows(by_name.get("worlds_perturb_tests"))
+    subsets = _rows(by_name.get("worlds_certification_subsets"))
+    perturb = _rows(by_name.get("worlds_perturb"))
+    rows = []
+    worlds = list(dict.fromkeys([r["world"] for r in radius] + [r["world"] for r in pfr]))
+    for world in worlds:
+        rows += _radius_rows([r for r in radius if r["world"] == world], subsets)
+        rows += _pfr_rows([r for r in pfr if r["world"] == world], perturb)
+    if not rows:
+        return None
+    return Table("worlds_findings",
+                 "Findings: std against each other model, every world and budget. Δ = value_std "
+                 "− value_b (certified radius R̄ over correct inputs: Δ > 0, std more robust; "
+                 "flip rate PFR: Δ > 0, b more robust), 95 % t-interval over the subsets, Δ "
+                 "relative to std's value, p_holm: Holm-adjusted p of the report's test (radius: "
+                 "paired t over the subsets, Holm across one noise's scales; PFR: paired "
+                 "permutation over the inputs, Holm across the budgets); more_robust: the "
+                 f"model p_holm < {LEVEL} favours", COLUMNS, tuple(rows))
+
+
+__all__ = ["LEVEL", "findings_table", "more_robust", "t_interval"]

@@ -1,0 +1,88 @@
+"""The findings table (`cbcert.report.findings`): intervals, verdicts and rows from the report's
+own test tables. Pure functions on hand-made tables; the reduced paper run checks that the
+cross-world report writes it (`tests/test_paper.py`, the paper map)."""
+
+import math
+
+import pytest
+import scipy.stats
+
+from cbcert.report.findings import COLUMNS, findings_table, more_robust, t_interval
+from cbcert.report.tables import Table
+
+
+@pytest.mark.parametrize("mean, sd, df", [(0.003, 0.0027, 4), (-1.5, 2.0, 1), (0.0, 0.0, 9)])
+def test_t_interval_is_scipys_interval_of_the_mean(mean, sd, df):
+    low, high = t_interval(mean, sd, df)
+    expected = scipy.stats.t.interval(0.95, df, loc=mean, scale=sd / math.sqrt(df + 1)) \
+        if sd > 0 else (mean, mean)
+    assert low == pytest.approx(expected[0], rel=1e-12, abs=1e-15)
+    assert high == pytest.approx(expected[1], rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("mean, sd, df", [(None, 1.0, 4), (1.0, None, 4), (1.0, 1.0, None),
+                                          (1.0, 1.0, 0), (1.0, math.inf, 4)])
+def test_t_interval_is_empty_without_a_sample_variance(mean, sd, df):
+    assert t_interval(mean, sd, df) == (None, None)
+
+
+def test_more_robust_reads_the_sign_by_measure_and_needs_holm_below_the_level():
+    # Radii: larger is more robust; Δ = R̄_std − R̄_cbm > 0 favours std.
+    assert more_robust(0.2, 0.01, "std", "cbm", larger_is_robust=True) == "std"
+    assert more_robust(-0.2, 0.01, "std", "cbm", larger_is_robust=True) == "cbm"
+    # Flip rates: Δ = PFR_std − PFR_cbm > 0 means std flips more, cbm is more robust.
+    assert more_robust(0.2, 0.01, "std", "cbm", larger_is_robust=False) == "cbm"
+    assert more_robust(-0.2, 0.01, "std", "cbm", larger_is_robust=False) == "std"
+    assert more_robust(0.2, 0.05, "std", "cbm", larger_is_robust=True) == "none shown"
+    assert more_robust(0.0, 0.0, "std", "cbm", larger_is_robust=True) == "none shown"
+    assert more_robust(0.2, None, "std", "cbm", larger_is_robust=True) == "untested"
+
+
+def _tables():
+    radius = Table("worlds_certification_radius_tests", "",
+                   ("world", "family", "cell", "noise", "scale", "model_a", "model_b", "subsets",
+                    "delta_mean", "delta_sd", "t", "df", "p", "p_holm"),
+                   (("w", "f", "concept-flips2", "fixed", 2, "std", "cbm", 5, -0.5, 0.1, -11.2,
+                     4, 0.0004, 0.0008),
+                    ("w", "f", "latent-sigma0.1", "gaussian", 0.1, "std", "cbm", 5, 0.01, 0.02,
+                     1.1, 4, 0.3, 0.6),
+                    ("w", "f", "concept-rho0.05", "bernoulli", 0.05, "std", "cbm", 1, None,
+                     None, None, None, None, None)))
+    subsets = Table("worlds_certification_subsets", "",
+                    ("world", "family", "cell", "model", "radius_of_correct_mean"),
+                    (("w", "f", "latent-sigma0.1", "std", 0.08),
+                     ("w", "f", "concept-flips2", "std", 1.25)))
+    perturb_tests = Table("worlds_perturb_tests", "",
+                          ("world", "family", "cell", "budget", "model_a", "model_b",
+                           "delta_mean", "delta_sd", "df", "p", "p_holm"),
+                          (("w", "f", "perturb", "tau1", "std", "proto", -0.3, 0.05, 4, 0.001,
+                            0.002),
+                           ("w", "f", "perturb", "eps0.3", "std", "cbm", 0.04, 0.01, 4, 0.001,
+                            0.01)))
+    perturb = Table("worlds_perturb", "", ("world", "family", "cell", "budget", "pfr_std_mean"),
+                    (("w", "f", "perturb", "tau1", 0.4), ("w", "f", "perturb", "eps0.3", 0.25)))
+    return [radius, subsets, perturb_tests, perturb]
+
+
+def test_findings_rows_come_from_the_reports_tests_in_reading_order():
+    table = findings_table(_tables())
+    assert table.name == "worlds_findings" and table.columns == COLUMNS
+    rows = [dict(zip(COLUMNS, r, strict=True)) for r in table.rows]
+    assert [(r["measure"], r["budget"], r["type"]) for r in rows] == [
+        ("certified radius R̄", "σ=0.1", "geometric"),
+        ("certified radius R̄", "ρ=0.05", "semantic"),
+        ("certified radius R̄", "m=2", "semantic"),
+        ("flip rate PFR", "ε=0.3", "geometric"),
+        ("flip rate PFR", "τ=1", "semantic")]
+    sigma, rho, flips, eps, tau = rows
+    assert sigma["value_a"] == 0.08 and sigma["relative"] == pytest.approx(0.01 / 0.08)
+    assert (sigma["ci_low"], sigma["ci_high"]) == pytest.approx(t_interval(0.01, 0.02, 4))
+    assert sigma["ci_low"] < 0 < sigma["ci_high"] and sigma["more_robust"] == "none shown"
+    assert rho["delta"] is None and rho["ci_low"] is None and rho["more_robust"] == "untested"
+    assert flips["more_robust"] == "cbm" and flips["subsets"] == 5  # Δ < 0: cbm's radius larger
+    assert eps["more_robust"] == "cbm" and eps["value_a"] == 0.25  # std flips more
+    assert tau["more_robust"] == "std" and tau["model_b"] == "proto"  # proto flips more
+
+
+def test_no_findings_without_either_test():
+    assert findings_table([Table("worlds_gap", "", ("world",), (("w",),))]) is None
