@@ -199,3 +199,26 @@ def test_world_and_ported_convs_take_the_same_backend_path(monkeypatch):
             exact = conv_float64(x, layer.kernel[...], 1, 1) + layer.bias[...]
             other = conv_patches(x, layer.kernel[...], 1, 1) + layer.bias[...]
             assert_parity(got, exact, other, f"PatchConv on {side}x{side}")
+
+
+@pytest.mark.parametrize("kernel, side", [(1, 8), (3, 4)])
+def test_bf16_patch_matmuls_accumulate_in_float32_and_return_bf16(kernel, side):
+    """On the patch path (1×1 kernels, small maps) bf16 inputs are multiplied with a float32
+    output (XLA:CPU's bf16 matmul runs at the bf16 units' rate only so) and the result is
+    rounded back to bf16: bit for bit ``conv_patches(..., float32)`` then the cast."""
+    import jax.numpy as jnp
+
+    from cbcert.nn.layers import conv, native_is_faster
+
+    x = jax.random.normal(jax.random.key(0), (2, side, side, 40)).astype(jnp.bfloat16)
+    w = jax.random.normal(jax.random.key(1), (kernel, kernel, 40, 24)).astype(jnp.bfloat16)
+    pad = kernel // 2
+    assert not native_is_faster(x.shape, w.shape, 1, pad)
+    out = jax.jit(conv, static_argnums=(2, 3))(x, w, 1, pad)
+    assert out.dtype == jnp.bfloat16
+    expected = jax.jit(lambda a, b: conv_patches(a, b, 1, pad, jnp.float32).astype(jnp.bfloat16))
+    np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                  np.asarray(expected(x, w), np.float32))
+    dots = [e for e in jax.make_jaxpr(conv, static_argnums=(2, 3))(x, w, 1, pad).eqns
+            if e.primitive.name == "dot_general"]
+    assert [e.params["preferred_element_type"] for e in dots] == [jnp.float32]
