@@ -113,3 +113,39 @@ def test_cli_report_of_a_multi_world_sweep(run_dir, notes):
     assert any(f"world {LATE_WORLD} has no finished cell" in n for n in notes)
     assert re.search(r"wrote \d+ files to", " ".join(" ".join(notes).split()))
     assert json.loads((run_dir / sweep.MANIFEST).read_text())["worlds"][-1]["name"] == LATE_WORLD
+
+
+def test_radius_figure_has_a_row_per_noise_and_a_panel_per_scale(monkeypatch, tmp_path):
+    """`figure_radius_worlds`: rows σ, ρ, m in that order whatever the cell order, each panel
+    titled by its scale, unit on the row's first panel, unused panels hidden, one bar pair
+    (hatched radius of correct, solid ACR) per model and world."""
+    from cbcert.report.cells import CellResult
+
+    def cell(name, noise, scale, acr):
+        models = {m: {"acr": acr, "radius_of_correct": 2 * acr} for m in ("std", "cbm")}
+        return CellResult(name, "certify", {}, {"mode": "certify", "noise": noise,
+                                                "scale": scale, "models": models})
+
+    cells = (cell("concept-flips1", "fixed", 1, 0.5), cell("latent-sigma0.1", "gaussian", 0.1,
+                                                              0.02),
+             cell("latent-sigma0.3", "gaussian", 0.3, 0.01),
+             cell("concept-rho0.05", "bernoulli", 0.05, 0.2))
+    captured = {}
+
+    def keep(fig, path):
+        captured["fig"] = fig
+        return path
+
+    monkeypatch.setattr(report_worlds, "save", keep)
+    report_worlds.figure_radius_worlds([("a", "f", cells), ("b", "f", cells[:2])],
+                                       tmp_path / "r.png")
+    axes = captured["fig"].axes
+    assert len(axes) == 6  # 3 rows × 2 columns
+    visible = [(ax.get_title(), ax.get_ylabel()) for ax in axes if ax.axison]
+    assert visible == [("σ = 0.1", "L2 radius"), ("σ = 0.3", ""), ("ρ = 0.05", "Hamming radius"),
+                       ("m = 1", "Hamming radius")]
+    sigma01 = axes[0]
+    heights = sorted(round(p.get_height(), 6) for p in sigma01.patches)
+    assert heights == [0.02] * 4 + [0.04] * 4  # 2 worlds × 2 models, ACR and radius of correct
+    rho, flips = axes[2], axes[4]
+    assert len(rho.patches) == 4 and len(flips.patches) == 8  # world b has no ρ cell

@@ -17,8 +17,8 @@ Reads every world directory's finished cells (`find_cells`) and writes, into ``<
   budget kind, titles coloured by perturbation type (geometric ε, σ; semantic τ, ρ);
 * ``dfs_cfr_worlds.png``: the concept model's decision shift (DFS) against the fraction of
   concepts flipped (CFR) at every budget, colour by perturbation type, marker by world;
-* ``radius_worlds.png``: ACR and the radius of correct inputs per certification cell, world and
-  model (std vs cbm vs proto);
+* ``radius_worlds.png``: ACR and the radius of correct inputs per world and model (std vs cbm vs
+  proto), a row of panels per noise (σ, ρ, fixed m), a panel per scale;
 * ``delta_pfr_worlds.png``: ΔPFR = PFR_std − PFR_m at each world's largest ε (geometric) and
   smallest τ (semantic), with the Holm-corrected permutation p of the perturb tests;
 * ``class_distances_worlds.png`` and ``worlds_class_similarity.csv``: the class-centroid
@@ -339,37 +339,60 @@ def figure_dfs_cfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | No
     return save(fig, path)
 
 
+_RADIUS_ROWS = (("gaussian", "σ", "L2 radius"), ("bernoulli", "ρ", "Hamming radius"),
+                ("fixed", "m", "Hamming radius"))
+
+
 def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
-    """ACR (solid) and radius of correct inputs (hatched) per certification cell: groups of
-    bars per world, one bar per model."""
-    cell_names = list(dict.fromkeys(c.name for _, _, cells in worlds for c in cells
-                                    if c.kind == "certify" and c.summary["mode"] == "certify"))
-    if not cell_names:
+    """ACR (solid) and radius of correct inputs (hatched) per certification cell: a row of
+    panels per noise (σ, then ρ, then fixed m flips), a panel per scale titled by it, groups
+    of bars per world, one bar per model; the legend beside the first row."""
+    found = [c for _, _, cells in worlds for c in cells
+             if c.kind == "certify" and c.summary["mode"] == "certify"]
+    rows = []
+    for noise, symbol, unit in _RADIUS_ROWS:
+        names = list(dict.fromkeys(c.name for c in found if c.summary.get("noise") == noise))
+        if names:
+            rows.append((symbol, unit, names))
+    if not rows:
         return None
+    models = list(dict.fromkeys(m for c in found for m in c.summary["models"]))
+    columns = max(len(names) for _, _, names in rows)
+    panel = max(2.6, 1.0 + 0.12 * len(worlds) * len(models))
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(cell_names), figsize=(1.5 + 1.1 * len(worlds)
-                                                          * len(cell_names), 3.6), squeeze=False)
-    for ax, cell_name in zip(axes[0], cell_names, strict=True):
-        by_world = [(name, next((c for c in cells if c.name == cell_name), None))
-                    for name, _, cells in worlds]
-        models = list(dict.fromkeys(m for _, c in by_world if c for m in c.summary["models"]))
-        width = 0.8 / max(len(models), 1)
-        for j, model in enumerate(models):
-            xs, acr, correct = [], [], []
-            for i, (_, cell) in enumerate(by_world):
-                entry = cell.summary["models"].get(model) if cell else None
-                if entry is None:
-                    continue
-                xs.append(i + (j - (len(models) - 1) / 2) * width)
-                acr.append(entry.get("acr") or 0.0)
-                correct.append(entry.get("radius_of_correct") or 0.0)
-            ax.bar(xs, correct, width, color="none", edgecolor=f"C{j}", hatch="//")
-            ax.bar(xs, acr, width, color=f"C{j}", label=model)
-        ax.set_xticks(range(len(by_world)), [n for n, _ in by_world], rotation=30, ha="right",
-                      fontsize=8)
-        ax.set(title=cell_name, ylabel="certified radius")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("ACR (bars) and radius of correct inputs (hatched) per world and model")
+    fig, axes = plt.subplots(len(rows), columns, figsize=(panel * columns, 3.2 * len(rows)),
+                             squeeze=False)
+    width = 0.8 / max(len(models), 1)
+    for r, (symbol, unit, names) in enumerate(rows):
+        for col in range(columns):
+            ax = axes[r][col]
+            if col >= len(names):
+                ax.axis("off")
+                continue
+            by_world = [(name, next((c for c in cells if c.name == names[col]), None))
+                        for name, _, cells in worlds]
+            scale = next(c for _, c in by_world if c).summary["scale"]
+            for j, model in enumerate(models):
+                xs, acr, correct = [], [], []
+                for i, (_, cell) in enumerate(by_world):
+                    entry = cell.summary["models"].get(model) if cell else None
+                    if entry is None:
+                        continue
+                    xs.append(i + (j - (len(models) - 1) / 2) * width)
+                    acr.append(entry.get("acr") or 0.0)
+                    correct.append(entry.get("radius_of_correct") or 0.0)
+                ax.bar(xs, correct, width, color="none", edgecolor=f"C{j}", hatch="//")
+                ax.bar(xs, acr, width, color=f"C{j}", label=model)
+            ax.set_xticks(range(len(by_world)), [n for n, _ in by_world], rotation=30,
+                          ha="right", fontsize=8)
+            ax.set_title(f"{symbol} = {scale:g}")
+            if col == 0:
+                ax.set_ylabel(unit)
+        if r == 0:
+            axes[0][len(names) - 1].legend(fontsize=8, loc="upper left",
+                                           bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("Certified radius per world and model: ACR over all inputs (solid), mean "
+                 "radius of correctly predicted inputs (hatched)")
     return save(fig, path)
 
 
