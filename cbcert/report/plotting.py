@@ -21,8 +21,20 @@ def pyplot():
 
 def save(fig, path: Path) -> Path:
     """Lay out ``fig``, write it to ``path`` (PNG at 120 dpi, cropped to what is drawn, so no
-    title, label or colour-bar caption is cut off), close it; returns ``path``."""
+    title, label or colour-bar caption is cut off), close it; returns ``path``.
+
+    Where the figure's suptitle would cover a panel (``tight_layout`` ignores it: on a tall
+    figure it lands on the first row's titles), the panels are laid out again below it."""
     fig.tight_layout()
+    title = fig._suptitle  # matplotlib keeps no public handle on the suptitle's Text
+    if title is not None and title.get_text():
+        renderer = fig.canvas.get_renderer()
+        box = title.get_window_extent(renderer)
+        if any(box.overlaps(ax.get_tightbbox(renderer)) for ax in fig.axes if ax.get_visible()):
+            height = box.height / fig.bbox.height
+            fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 1.3 * height))
+            title.set_y(1.0 - 0.3 * height)
+            title.set_verticalalignment("top")
     fig.savefig(path, dpi=120, bbox_inches="tight", pad_inches=0.05)
     pyplot().close(fig)
     return path

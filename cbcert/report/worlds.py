@@ -296,7 +296,7 @@ def figure_pfr_models_worlds(worlds: Sequence[WorldCells], path: Path) -> Path |
             if r == len(rows) - 1:
                 ax.set_xlabel(symbol)
         axes[r, 0].set_ylabel("PFR")
-    axes[0, 0].legend(fontsize=7)
+    axes[0, -1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle("Prediction flip rate of every model per world (titles: blue geometric, "
                  "orange semantic)", fontsize=10)
     return save(fig, path)
