@@ -86,3 +86,39 @@ def test_findings_rows_come_from_the_reports_tests_in_reading_order():
 
 def test_no_findings_without_either_test():
     assert findings_table([Table("worlds_gap", "", ("world",), (("w",),))]) is None
+
+
+def test_findings_figure_has_a_panel_per_unit_and_fills_what_holm_shows(tmp_path, monkeypatch):
+    from cbcert.report import findings as findings_module
+
+    captured = {}
+
+    def keep(fig, path):
+        captured["fig"] = fig
+        return path
+
+    monkeypatch.setattr(findings_module, "save", keep)
+    assert findings_module.figure_findings(findings_table(_tables()), tmp_path / "f.png")
+    axes = captured["fig"].axes
+    assert [ax.get_title() for ax in axes] == ["L2 radius: certified radius R̄",
+                                               "Hamming radius: certified radius R̄",
+                                               "flip rate: flip rate PFR"]
+    ticks = [[t.get_text() for t in ax.get_yticklabels()] for ax in axes]
+    # ρ = 0.05 has no Δ (one usable subset): left out of the figure, kept in the table.
+    assert ticks == [["w  σ=0.1"], ["w  m=2"], ["w  ε=0.3", "w  τ=1"]]
+
+    def markers(ax):  # (x, filled) of each model's point; interval lines have no marker
+        return [(round(line.get_xdata()[0], 6), line.get_markerfacecolor() != "white")
+                for line in ax.get_lines() if line.get_marker() not in ("None", None, "")]
+
+    assert markers(axes[0]) == [(round(100 * 0.01 / 0.08, 6), False)]
+    assert markers(axes[1]) == [(round(100 * -0.5 / 1.25, 6), True)]
+    assert sorted(markers(axes[2])) == [(-75.0, True), (16.0, True)]
+
+
+def test_no_findings_figure_without_a_relative_size(tmp_path):
+    from cbcert.report.findings import figure_findings
+
+    assert figure_findings(None, tmp_path / "f.png") is None
+    table = findings_table(_tables()[:1])  # radius tests without the subsets: no std value
+    assert table is not None and figure_findings(table, tmp_path / "f.png") is None

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import scipy.stats
 
+from cbcert.report.plotting import TYPE_COLOURS, pyplot, save
 from cbcert.report.tables import Table
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
@@ -147,4 +149,67 @@ def findings_table(tables: Sequence[Table]) -> Table | None:
                  f"model p_holm < {LEVEL} favours", COLUMNS, tuple(rows))
 
 
-__all__ = ["LEVEL", "findings_table", "more_robust", "t_interval"]
+# The panels of `figure_findings`: one unit each.
+PANELS = (("L2 radius", "certified radius R̄", ("σ",)),
+          ("Hamming radius", "certified radius R̄", ("ρ", "m")),
+          ("flip rate", "flip rate PFR", ("ε", "τ", "σ", "ρ")))
+_MARKERS = "osD^v<>p"
+
+
+def figure_findings(table: Table | None, path: Path) -> Path | None:
+    """The findings at a glance: Δ relative to std's value (%, with its 95 % t-interval) for
+    every world, budget and model, a panel per unit (`PANELS`: L2 radii, Hamming radii, flip
+    rates), a row per world and budget, a marker per compared model, colour by perturbation
+    type (`TYPE_COLOURS`), filled where Holm shows a difference (``p_holm < LEVEL``), hollow
+    where not. The sign is each measure's own: a radius Δ > 0 favours std, a flip-rate Δ > 0
+    the other model. Rows whose std value is 0 (no relative size) are left out of the figure,
+    not of the table. None without a plottable row."""
+    if table is None:
+        return None
+    rows = [dict(zip(table.columns, r, strict=True)) for r in table.rows]
+    panels = []
+    for unit, measure, symbols in PANELS:
+        picked = [r for r in rows if r["measure"] == measure and r["relative"] is not None
+                  and r["budget"].split("=")[0] in symbols]
+        if picked:
+            panels.append((unit, measure, picked))
+    if not panels:
+        return None
+    models = list(dict.fromkeys(r["model_b"] for _, _, picked in panels for r in picked))
+    height = max(len(dict.fromkeys((r["world"], r["budget"]) for r in p)) for _, _, p in panels)
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 1.2 + 0.28 * height),
+                             squeeze=False)
+    for ax, (unit, measure, picked) in zip(axes[0], panels, strict=True):
+        labels = list(dict.fromkeys((r["world"], r["budget"]) for r in picked))
+        step = 0.7 / max(len(models), 1)
+        for r in picked:
+            j = models.index(r["model_b"])
+            y = labels.index((r["world"], r["budget"])) + (j - (len(models) - 1) / 2) * step
+            colour = TYPE_COLOURS[r["type"]]
+            x = 100 * r["relative"]
+            if r["ci_low"] is not None:
+                low, high = 100 * r["ci_low"] / r["value_a"], 100 * r["ci_high"] / r["value_a"]
+                ax.plot([low, high], [y, y], color=colour, lw=1)
+            shown = r["more_robust"] not in ("none shown", "untested")
+            ax.plot([x], [y], marker=_MARKERS[j % len(_MARKERS)], ms=5, color=colour,
+                    markerfacecolor=colour if shown else "white", linestyle="none")
+        ax.axvline(0, color="0.4", lw=0.8)
+        ax.set_yticks(range(len(labels)), [f"{w}  {b}" for w, b in labels], fontsize=7)
+        for tick, (_, b) in zip(ax.get_yticklabels(), labels, strict=True):
+            tick.set_color(TYPE_COLOURS[_budget_type(b.split("=")[0])])
+        ax.set_ylim(len(labels) - 0.5, -0.5)
+        sign = "std" if measure.startswith("certified") else "the other model"
+        ax.set_xlabel(f"Δ / std's value (%); > 0 favours {sign}", fontsize=8)
+        ax.set_title(f"{unit}: {measure}", fontsize=9)
+    handles = [plt.Line2D([], [], marker=_MARKERS[j % len(_MARKERS)], color="0.3",
+                          linestyle="none", label=f"std vs {m}") for j, m in enumerate(models)]
+    handles += [plt.Line2D([], [], marker="o", color="0.3", markerfacecolor="white",
+                           linestyle="none", label=f"hollow: p_holm ≥ {LEVEL}")]
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    fig.suptitle("Findings: std against each model, Δ relative to std's value with its 95 % "
+                 "interval (colour: blue geometric, orange semantic)", fontsize=10)
+    return save(fig, path)
+
+
+__all__ = ["LEVEL", "PANELS", "figure_findings", "findings_table", "more_robust", "t_interval"]

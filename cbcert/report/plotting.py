@@ -7,6 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+# Perturbation types by colour in every cross-world figure: geometric (latent shifts ε, latent
+# noise σ, latent attacks) and semantic (concept flips τ, flip noise ρ, m, concept attacks).
+TYPE_COLOURS = {"geometric": "tab:blue", "semantic": "tab:orange"}
+
 
 def pyplot():
     """``matplotlib.pyplot`` on the Agg backend, imported on first use (``import cbcert.report``

@@ -8,6 +8,8 @@ Reads every world directory's finished cells (`find_cells`) and writes, into ``<
 * ``worlds_findings.csv``, first in ``report.md``: every std-vs-model difference of the
   certification radius test and the flip-rate tests with its 95 % interval, relative size and
   Holm-adjusted p (`cbcert.report.findings`);
+* ``findings_worlds.png``: those differences relative to std's value with their intervals, a
+  panel per unit (L2 radius, Hamming radius, flip rate), colour by perturbation type;
 * ``worlds_gap.csv`` and ``robustness_gap_worlds.png``: the std-vs-cbm gaps (`robustness_gaps`),
   one row per world, one column per budget × metric; the figure draws one heatmap per unit
   (fractions of ΔPFR, ΔSmAcc, ΔRobAcc; L2 and Hamming ΔACR apart), each on its own scale;
@@ -43,8 +45,8 @@ import numpy as np
 
 from cbcert.report.cells import CellResult, DamagedFileError, ReportError, find_cells
 from cbcert.report.figures import robustness_gaps
-from cbcert.report.findings import findings_table
-from cbcert.report.plotting import draw_plans, pyplot, save
+from cbcert.report.findings import figure_findings, findings_table
+from cbcert.report.plotting import TYPE_COLOURS, draw_plans, pyplot, save
 from cbcert.report.tables import Table, _num, tables
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
@@ -148,10 +150,6 @@ def gap_table(worlds: Sequence[WorldCells]) -> Table | None:
     return Table("worlds_gap", "std vs cbm robustness gap per world (positive = CBM more "
                  "robust)", ("world", "family", *columns), rows)
 
-
-# Perturbation types by colour in every cross-world figure: geometric (latent shifts ε, latent
-# noise σ, latent attacks) and semantic (concept flips τ, flip noise ρ, m, concept attacks).
-TYPE_COLOURS = {"geometric": "tab:blue", "semantic": "tab:orange"}
 
 
 def perturbation_type(column: str) -> str:
@@ -514,9 +512,15 @@ def figure_attacks_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | No
 
 
 def cross_world_figures(worlds: Sequence[WorldCells], out: Path,
-                        log: Callable[[str], None] = print) -> list[Path]:
-    """Every cross-world figure the worlds have data for; notes for the skipped ones."""
+                        log: Callable[[str], None] = print,
+                        tables: Sequence[Table] | None = None) -> list[Path]:
+    """Every cross-world figure the worlds have data for; notes for the skipped ones.
+    ``tables``: `cross_world_tables(worlds)` if already made (the findings figure reads its
+    ``worlds_findings``)."""
+    tables = cross_world_tables(worlds) if tables is None else tables
+    found = next((t for t in tables if t.name == "worlds_findings"), None)
     plans: list[tuple[str, Callable[[Path], Path | None]]] = [
+        ("findings_worlds.png", lambda p: figure_findings(found, p)),
         ("robustness_gap_worlds.png", lambda p: figure_gap_worlds(worlds, p)),
         *((f"pfr_worlds_{k}.png", lambda p, k=k: figure_pfr_worlds(worlds, k, p))
           for k in ("eps", "tau", "sigma", "rho")),

@@ -182,8 +182,9 @@ def _write_worlds_report(run_dir: Path, entries: list[dict],
         links.append(f"- [{name}](../{name}/{REPORT_DIR}/report.md)"
                      + (f" — {family}" if family else ""))
     links.append("")
-    figures = cross_world_figures(worlds, _out(run_dir), log)
-    return written + _write(run_dir, cross_world_tables(worlds), figures, links)
+    all_tables = cross_world_tables(worlds)
+    figures = cross_world_figures(worlds, _out(run_dir), log, all_tables)
+    return written + _write(run_dir, all_tables, figures, links)
 
 
 __all__ = ["REPORT_DIR", "ReportError", "write_report"]
