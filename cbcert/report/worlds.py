@@ -151,7 +151,6 @@ def gap_table(worlds: Sequence[WorldCells]) -> Table | None:
                  "robust)", ("world", "family", *columns), rows)
 
 
-
 def perturbation_type(column: str) -> str:
     """``geometric`` or ``semantic`` for a `gap_columns` column (``ΔPFR τ=1`` → semantic,
     ``ΔRobAcc ε=0.03 attack-concept`` → semantic, ``ΔACR σ=0.1`` → geometric)."""
