@@ -93,9 +93,9 @@ def _without_time(records):
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("base")
-    before = apgd_module._restart_jit._cache_size()
+    before = apgd_module._pass_jit._cache_size()
     summary = run(WORLD, BASE, out)
-    return out, summary, apgd_module._restart_jit._cache_size() - before
+    return out, summary, apgd_module._pass_jit._cache_size() - before
 
 
 def test_records_cover_every_input_model_and_budget(base_run):
