@@ -341,8 +341,6 @@ def _single_run(loss_and_grad, x0, y, eps, keys, norm, n_iter, lower, upper):
     return jax.lax.fori_loop(0, n_iter + 1, body, placeholder)
 
 
-
-
 class _Best(NamedTuple):
     """What the restarts keep per example (``B`` leading axis everywhere)."""
 
