@@ -191,6 +191,25 @@ def pytest_xdist_make_scheduler(config, log):
     return ModuleScheduling(config, log)
 
 
+@pytest.fixture
+def kept_figures(monkeypatch):
+    """Keep a report module's figures instead of writing them: ``kept_figures(module)`` patches
+    ``module.save`` for this test and returns the list each saved figure is appended to (the
+    figure's axes can then be checked; nothing is drawn to disk)."""
+
+    def patch(module) -> list:
+        figures = []
+
+        def keep(fig, path):
+            figures.append(fig)
+            return path
+
+        monkeypatch.setattr(module, "save", keep)
+        return figures
+
+    return patch
+
+
 @pytest.fixture(scope="session")
 def resnet18_dir(tmp_path_factory) -> Path:
     """A torchvision-architecture ResNet-18 checkpoint (kind ``resnet18``, random weights, 10

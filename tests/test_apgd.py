@@ -269,11 +269,14 @@ def test_linf_step_size_halves_at_every_checkpoint_when_loss_is_flat():
         grad, aux = jax.grad(total, has_aux=True)(x)
         return aux, grad
 
-    run_fn = jax.jit(
-        lambda keys: apgd_lib._single_run(
-            loss_and_grad, x0, y, jnp.float32(0.1), keys, "linf", 100, None, None
-        )
-    )
+    def run_fn(keys):  # one run of N = 100 steps from a random start, as one loop
+        eps = jnp.float32(0.1)
+        x_start = apgd_lib._random_start(keys, x0, eps, "linf", None, None)
+        placeholder, body = apgd_lib._run_parts(loss_and_grad, x0, y, eps, x_start, "linf",
+                                                100, None, None)
+        return jax.lax.fori_loop(0, 101, body, placeholder)
+
+    run_fn = jax.jit(run_fn)
     run = run_fn(jax.random.split(jax.random.key(11), 16))
     np.testing.assert_allclose(run.step_size, 2 * 0.1 / 2**8, rtol=1e-6)
 

@@ -59,8 +59,10 @@ def _tables():
                             0.002),
                            ("w", "f", "perturb", "eps0.3", "std", "cbm", 0.04, 0.01, 4, 0.001,
                             0.01)))
-    perturb = Table("worlds_perturb", "", ("world", "family", "cell", "budget", "pfr_std_mean"),
-                    (("w", "f", "perturb", "tau1", 0.4), ("w", "f", "perturb", "eps0.3", 0.25)))
+    perturb = Table("worlds_perturb", "",
+                    ("world", "family", "cell", "budget", "kind", "value", "pfr_std_mean"),
+                    (("w", "f", "perturb", "tau1", "tau", 1.0, 0.4),
+                     ("w", "f", "perturb", "eps0.3", "eps", 0.3, 0.25)))
     return [radius, subsets, perturb_tests, perturb]
 
 
@@ -88,24 +90,22 @@ def test_no_findings_without_either_test():
     assert findings_table([Table("worlds_gap", "", ("world",), (("w",),))]) is None
 
 
-def test_findings_figure_has_a_panel_per_unit_and_fills_what_holm_shows(tmp_path, monkeypatch):
+def test_findings_figure_has_a_panel_per_unit_and_fills_what_holm_shows(tmp_path, kept_figures):
     from cbcert.report import findings as findings_module
 
-    captured = {}
-
-    def keep(fig, path):
-        captured["fig"] = fig
-        return path
-
-    monkeypatch.setattr(findings_module, "save", keep)
+    figures = kept_figures(findings_module)
     assert findings_module.figure_findings(findings_table(_tables()), tmp_path / "f.png")
-    axes = captured["fig"].axes
+    (figure,) = figures
+    axes = figure.axes
     assert [ax.get_title() for ax in axes] == ["L2 radius: certified radius R̄",
                                                "Hamming radius: certified radius R̄",
                                                "flip rate: flip rate PFR"]
     ticks = [[t.get_text() for t in ax.get_yticklabels()] for ax in axes]
     # ρ = 0.05 has no Δ (one usable subset): left out of the figure, kept in the table.
     assert ticks == [["w  σ=0.1"], ["w  m=2"], ["w  ε=0.3", "w  τ=1"]]
+    # Tick colour: the row's perturbation type (geometric blue, semantic orange).
+    assert [[t.get_color() for t in ax.get_yticklabels()] for ax in axes] == [
+        ["tab:blue"], ["tab:orange"], ["tab:blue", "tab:orange"]]
 
     def markers(ax):  # (x, filled) of each model's point; interval lines have no marker
         return [(round(line.get_xdata()[0], 6), line.get_markerfacecolor() != "white")

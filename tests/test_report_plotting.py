@@ -1,8 +1,9 @@
-"""`cbcert.report.plotting.save`: figures are written whole, the suptitle clear of every panel."""
+"""`cbcert.report.plotting`: figures are written whole, the suptitle clear of every panel; the
+perturbation type of a budget label."""
 
 import pytest
 
-from cbcert.report.plotting import pyplot, save
+from cbcert.report.plotting import budget_type, pyplot, save
 
 
 @pytest.mark.parametrize("rows", [1, 9])
@@ -22,3 +23,12 @@ def test_the_suptitle_covers_no_panel_on_short_or_tall_figures(tmp_path, monkeyp
     assert not any(title.overlaps(ax.get_tightbbox(renderer)) for ax in fig.axes)
     assert title.y1 <= fig.bbox.y1 + 1  # still on the figure
     close(fig)
+
+
+@pytest.mark.parametrize("label, expected", [
+    ("ε=0.05", "geometric"), ("σ=0.1", "geometric"), ("σ", "geometric"),
+    ("τ=1", "semantic"), ("ρ=0.05", "semantic"), ("m=2", "semantic"),
+    ("ε=0.03 attack-latent", "geometric"), ("ε=0.03 attack-concept", "semantic")])
+def test_budget_type_is_semantic_exactly_for_concept_budgets(label, expected):
+    # τ, ρ (concept flips) and m (fixed flips) move concepts; ε, σ move the latent code.
+    assert budget_type(label) == expected

@@ -115,7 +115,7 @@ def test_cli_report_of_a_multi_world_sweep(run_dir, notes):
     assert json.loads((run_dir / sweep.MANIFEST).read_text())["worlds"][-1]["name"] == LATE_WORLD
 
 
-def test_radius_figure_has_a_row_per_noise_and_a_panel_per_scale(monkeypatch, tmp_path):
+def test_radius_figure_has_a_row_per_noise_and_a_panel_per_scale(kept_figures, tmp_path):
     """`figure_radius_worlds`: rows σ, ρ, m in that order whatever the cell order, each panel
     titled by its scale, unit on the row's first panel, unused panels hidden, one bar pair
     (hatched radius of correct, solid ACR) per model and world."""
@@ -130,16 +130,11 @@ def test_radius_figure_has_a_row_per_noise_and_a_panel_per_scale(monkeypatch, tm
                                                               0.02),
              cell("latent-sigma0.3", "gaussian", 0.3, 0.01),
              cell("concept-rho0.05", "bernoulli", 0.05, 0.2))
-    captured = {}
-
-    def keep(fig, path):
-        captured["fig"] = fig
-        return path
-
-    monkeypatch.setattr(report_worlds, "save", keep)
+    figures = kept_figures(report_worlds)
     report_worlds.figure_radius_worlds([("a", "f", cells), ("b", "f", cells[:2])],
                                        tmp_path / "r.png")
-    axes = captured["fig"].axes
+    (figure,) = figures
+    axes = figure.axes
     assert len(axes) == 6  # 3 rows × 2 columns
     visible = [(ax.get_title(), ax.get_ylabel()) for ax in axes if ax.axison]
     assert visible == [("σ = 0.1", "L2 radius"), ("σ = 0.3", ""), ("ρ = 0.05", "Hamming radius"),

@@ -331,16 +331,6 @@ def _run_parts(loss_and_grad, x0, y, eps, x_start, norm, n_iter, lower, upper):
     return placeholder, body
 
 
-def _single_run(loss_and_grad, x0, y, eps, keys, norm, n_iter, lower, upper):
-    """One APGD run from a random start (``keys[B]``) on every example, traced: the final
-    state of ``n_iter + 1`` passes of `_run_parts`' body in one ``fori_loop`` (``apgd``
-    called inside ``jax.jit``; outside, `_restart` calls each pass as its own program)."""
-    x_start = _random_start(keys, x0, eps, norm, lower, upper)
-    placeholder, body = _run_parts(loss_and_grad, x0, y, eps, x_start, norm, n_iter, lower,
-                                   upper)
-    return jax.lax.fori_loop(0, n_iter + 1, body, placeholder)
-
-
 class _Best(NamedTuple):
     """What the restarts keep per example (``B`` leading axis everywhere)."""
 
@@ -477,18 +467,18 @@ def _restart(
     top-level program (the built-in world's at batch 32: 118 against 528 samples/s, 4.5x;
     ResNet-18 at 64 px, batch 16: 136 against 189; forward passes alone showed no
     difference; jax 0.10.2, 2026-12-05), and a call costs well under a millisecond against
-    tens for a pass. Called with traced arguments (``apgd`` inside ``jax.jit``), the passes run
-    in one ``fori_loop`` of the same body.
+    tens for a pass. Called with traced arguments (``apgd`` inside ``jax.jit``), the same three
+    pieces are traced in place, the passes in one ``fori_loop``.
     """
     static = dict(norm=norm, n_iter=n_iter, loss=loss)
     if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(
             (logits_fn, x0, y, eps, keys, r, lower, upper, best, rows, valid))):
-        loss_and_grad, x0_r, y_r, lower_r, upper_r = _restart_rows(logits_fn, x0, y, lower,
-                                                                   upper, rows, loss)
-        restart_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys[rows], r)
-        run = _single_run(loss_and_grad, x0_r, y_r, eps, restart_keys, norm, n_iter, lower_r,
-                          upper_r)
-        return _restart_merge(best, run, rows, valid, attack_all=attack_all)
+        x_start, state = _restart_start(logits_fn, x0, y, eps, keys, r, lower, upper, rows,
+                                        **static)
+        state = jax.lax.fori_loop(
+            0, n_iter + 1, lambda i, s: _restart_pass(logits_fn, x0, y, eps, lower, upper, rows,
+                                                      x_start, i, s, **static), state)
+        return _restart_merge(best, state, rows, valid, attack_all=attack_all)
     x_start, state = _start_jit(logits_fn, x0, y, eps, keys, r, lower, upper, rows, **static)
     for i in range(n_iter + 1):
         state = _pass_jit(logits_fn, x0, y, eps, lower, upper, rows, x_start, np.int32(i),

@@ -138,16 +138,15 @@ def conv(x: jax.Array, kernel: jax.Array, stride: int, pad: int,
     None: the inputs' dtype, and for bfloat16/float16 inputs on the patch path the matmul
     still accumulates in float32 (then rounds to the inputs' dtype).
     """
+    dtype = jnp.result_type(x, kernel)  # mixed inputs promote as the patch matmul's dot does
     if not native_is_faster(x.shape, kernel.shape, stride, pad):
-        narrow = jnp.result_type(x, kernel)
-        if preferred_element_type is None and jnp.issubdtype(narrow, jnp.floating) \
-                and jnp.finfo(narrow).bits < 32:
+        if preferred_element_type is None and jnp.issubdtype(dtype, jnp.floating) \
+                and jnp.finfo(dtype).bits < 32:
             # bf16/f16 inputs: accumulate in float32, return the inputs' dtype. XLA:CPU's
             # narrow matmul runs at the bf16 units' rate only with a float32 output (AMX:
             # ResNet-50's bf16 forward 55 -> 83 images/s at 112 px, fp32 80; 2026-12-05).
-            return conv_patches(x, kernel, stride, pad, jnp.float32).astype(narrow)
+            return conv_patches(x, kernel, stride, pad, jnp.float32).astype(dtype)
         return conv_patches(x, kernel, stride, pad, preferred_element_type)
-    dtype = jnp.result_type(x, kernel)  # promote mixed inputs as the patch matmul's dot does
     cout, computed = kernel.shape[3], native_outputs(kernel.shape)
     if computed != cout:
         kernel = jnp.pad(kernel, ((0, 0), (0, 0), (0, 0), (0, computed - cout)))

@@ -12,7 +12,7 @@ import numpy as np
 from cbcert.certify.smoothing import SMOOTHINGS, Smoothing, smoothing
 from cbcert.report.cells import CellResult
 from cbcert.report.explain import figure_explanations, figure_perturb_explanations
-from cbcert.report.plotting import draw_plans, pyplot, save
+from cbcert.report.plotting import TYPE_COLOURS, budget_type, draw_plans, pyplot, save
 from cbcert.report.tables import _budget_label
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
@@ -122,8 +122,7 @@ def figure_gap_heatmap(cells: Sequence[CellResult], path: Path) -> Path | None:
     data = np.array(values, dtype=np.float64)  # [budgets, metrics]
     keep = ~np.all(np.isnan(data), axis=0)
     data, columns = data[:, keep], [c for c, k in zip(columns, keep, strict=True) if k]
-    semantic = np.array([r.split("=")[0] in ("τ", "ρ", "m") or "attack-concept" in r
-                         for r in rows])
+    semantic = np.array([budget_type(r) == "semantic" for r in rows])
     scaled = np.full_like(data, np.nan)
     for j, column in enumerate(columns):
         groups = [semantic, ~semantic] if column.startswith("ΔACR") else [np.ones_like(semantic)]
@@ -137,8 +136,8 @@ def figure_gap_heatmap(cells: Sequence[CellResult], path: Path) -> Path | None:
                       aspect="auto")
     ax.set_xticks(range(len(columns)), columns, rotation=20, ha="right")
     ax.set_yticks(range(len(rows)), rows)
-    for tick, is_semantic in zip(ax.get_yticklabels(), semantic, strict=True):
-        tick.set_color("tab:orange" if is_semantic else "tab:blue")
+    for tick, row in zip(ax.get_yticklabels(), rows, strict=True):
+        tick.set_color(TYPE_COLOURS[budget_type(row)])
     for (i, j), v in np.ndenumerate(data):
         if not np.isnan(v):
             ax.text(j, i, f"{v:+.3g}", ha="center", va="center", fontsize=8,

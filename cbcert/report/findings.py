@@ -28,12 +28,12 @@ from typing import Any
 
 import scipy.stats
 
-from cbcert.report.plotting import TYPE_COLOURS, pyplot, save
+from cbcert.certify.smoothing import KINDS, SMOOTHINGS
+from cbcert.report.plotting import KIND_TYPES, TYPE_COLOURS, pyplot, save
 from cbcert.report.tables import Table
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
 LEVEL = 0.05
-_NOISE_SYMBOL = {"gaussian": "σ", "bernoulli": "ρ", "fixed": "m"}
 COLUMNS = ("world", "family", "measure", "budget", "type", "model_a", "model_b", "value_a",
            "delta", "ci_low", "ci_high", "relative", "subsets", "test", "p_holm",
            "more_robust")
@@ -63,10 +63,6 @@ def more_robust(delta: float | None, p_holm: float | None, a: str, b: str,
     return a if (delta > 0) == larger_is_robust else b
 
 
-def _budget_type(symbol: str) -> str:
-    return "semantic" if symbol in ("τ", "ρ", "m") else "geometric"
-
-
 def _rows(table: Table | None) -> list[dict[str, Any]]:
     if table is None:
         return []
@@ -76,16 +72,15 @@ def _rows(table: Table | None) -> list[dict[str, Any]]:
 def _radius_rows(tests: list[dict], subsets: list[dict]) -> list[tuple]:
     value = {(r["world"], r["cell"], r["model"]): r.get("radius_of_correct_mean")
              for r in subsets}
-    order = {"gaussian": 0, "bernoulli": 1, "fixed": 2}
     out = []
-    for r in sorted(tests, key=lambda r: order.get(r["noise"], 3)):
-        symbol = _NOISE_SYMBOL.get(r["noise"], r["noise"])
+    for r in sorted(tests, key=lambda r: KINDS.index(r["noise"])):
+        kind = SMOOTHINGS[r["noise"]]
         scale = r["scale"]
-        budget = f"{symbol}={int(scale) if symbol == 'm' else scale:g}"
+        budget = f"{kind.symbol}={int(scale) if kind.symbol == 'm' else scale:g}"
         value_a = value.get((r["world"], r["cell"], r["model_a"]))
-        out.append(_row(r, "certified radius R̄", budget, _budget_type(symbol), value_a,
-                        "paired t (subsets)",
-                        larger_is_robust=True))
+        out.append(_row(r, "certified radius R̄", budget,
+                        "semantic" if kind.hamming else "geometric", value_a,
+                        "paired t (subsets)", larger_is_robust=True))
     return out
 
 
@@ -93,20 +88,12 @@ def _pfr_rows(tests: list[dict], perturb: list[dict]) -> list[tuple]:
     value = {(r["world"], r["cell"], r["budget"]): r for r in perturb}
     kinds = list(BUDGET_SYMBOLS)
     out = []
-
-    def kind_of(budget: str) -> str:
-        return next((k for k in kinds if budget.startswith(k)), budget)
-
-    for r in sorted(tests, key=lambda r: kinds.index(kind_of(r["budget"]))
-                    if kind_of(r["budget"]) in kinds else len(kinds)):
-        kind = kind_of(r["budget"])
-        symbol = BUDGET_SYMBOLS.get(kind, kind)
-        budget = f"{symbol}={r['budget'][len(kind):]}"
-        row = value.get((r["world"], r["cell"], r["budget"]), {})
-        value_a = row.get(f"pfr_{r['model_a']}_mean")
-        out.append(_row(r, "flip rate PFR", budget, _budget_type(symbol), value_a,
-                        "permutation (inputs)",
-                        larger_is_robust=False))
+    tested = [(r, value[r["world"], r["cell"], r["budget"]]) for r in tests]
+    for r, budget_row in sorted(tested, key=lambda pair: kinds.index(pair[1]["kind"])):
+        kind = budget_row["kind"]
+        out.append(_row(r, "flip rate PFR", f"{BUDGET_SYMBOLS[kind]}={budget_row['value']:g}",
+                        KIND_TYPES[kind], budget_row.get(f"pfr_{r['model_a']}_mean"),
+                        "permutation (inputs)", larger_is_robust=False))
     return out
 
 
@@ -149,10 +136,13 @@ def findings_table(tables: Sequence[Table]) -> Table | None:
                  f"model p_holm < {LEVEL} favours", COLUMNS, tuple(rows))
 
 
-# The panels of `figure_findings`: one unit each.
-PANELS = (("L2 radius", "certified radius R̄", ("σ",)),
-          ("Hamming radius", "certified radius R̄", ("ρ", "m")),
-          ("flip rate", "flip rate PFR", ("ε", "τ", "σ", "ρ")))
+# The panels of `figure_findings`: one unit each (the smoothings' symbols by radius, the
+# flip-rate budgets' symbols).
+PANELS = (("L2 radius", "certified radius R̄",
+           tuple(s.symbol for s in SMOOTHINGS.values() if not s.hamming)),
+          ("Hamming radius", "certified radius R̄",
+           tuple(s.symbol for s in SMOOTHINGS.values() if s.hamming)),
+          ("flip rate", "flip rate PFR", tuple(BUDGET_SYMBOLS.values())))
 _MARKERS = "osD^v<>p"
 
 
@@ -166,7 +156,7 @@ def figure_findings(table: Table | None, path: Path) -> Path | None:
     not of the table. None without a plottable row."""
     if table is None:
         return None
-    rows = [dict(zip(table.columns, r, strict=True)) for r in table.rows]
+    rows = _rows(table)
     panels = []
     for unit, measure, symbols in PANELS:
         picked = [r for r in rows if r["measure"] == measure and r["relative"] is not None
@@ -196,8 +186,9 @@ def figure_findings(table: Table | None, path: Path) -> Path | None:
                     markerfacecolor=colour if shown else "white", linestyle="none")
         ax.axvline(0, color="0.4", lw=0.8)
         ax.set_yticks(range(len(labels)), [f"{w}  {b}" for w, b in labels], fontsize=7)
-        for tick, (_, b) in zip(ax.get_yticklabels(), labels, strict=True):
-            tick.set_color(TYPE_COLOURS[_budget_type(b.split("=")[0])])
+        types = {(r["world"], r["budget"]): r["type"] for r in picked}
+        for tick, label in zip(ax.get_yticklabels(), labels, strict=True):
+            tick.set_color(TYPE_COLOURS[types[label]])
         ax.set_ylim(len(labels) - 0.5, -0.5)
         sign = "std" if measure.startswith("certified") else "the other model"
         ax.set_xlabel(f"Δ / std's value (%); > 0 favours {sign}", fontsize=8)

@@ -7,9 +7,28 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from cbcert.certify.smoothing import SMOOTHINGS
+from cbcert.robustness.protocol import BUDGET_SYMBOLS
+
 # Perturbation types by colour in every cross-world figure: geometric (latent shifts ε, latent
 # noise σ, latent attacks) and semantic (concept flips τ, flip noise ρ, m, concept attacks).
 TYPE_COLOURS = {"geometric": "tab:blue", "semantic": "tab:orange"}
+# The type of each flip-rate budget kind (`cbcert.robustness.protocol.BUDGET_SYMBOLS`).
+KIND_TYPES = {"eps": "geometric", "sigma": "geometric", "tau": "semantic", "rho": "semantic"}
+# Semantic budget symbols: the concept-flip budgets (τ, ρ) and every smoothing whose radii are
+# Hamming distances between concept states (ρ, m); all others (ε, σ) are geometric.
+_SEMANTIC_SYMBOLS = frozenset(
+    {BUDGET_SYMBOLS[k] for k, kind_type in KIND_TYPES.items() if kind_type == "semantic"}
+    | {s.symbol for s in SMOOTHINGS.values() if s.hamming})
+
+
+def budget_type(label: str) -> str:
+    """``geometric`` or ``semantic`` for a budget label (``"τ=1"``, ``"σ=0.1"``, ``"m=2"``, a
+    bare symbol, or an attack budget ``"ε=0.03 attack-concept"``): semantic where the symbol
+    before ``=`` is τ, ρ or m or the budget attacks the concepts, geometric otherwise."""
+    if "attack-concept" in label or label.split("=")[0].strip() in _SEMANTIC_SYMBOLS:
+        return "semantic"
+    return "geometric"
 
 
 def pyplot():
@@ -58,4 +77,4 @@ def draw_plans(plans: Sequence[tuple[str, Callable[[Path], Path | None]]], out: 
     return written
 
 
-__all__ = ["draw_plans", "pyplot", "save"]
+__all__ = ["KIND_TYPES", "TYPE_COLOURS", "budget_type", "draw_plans", "pyplot", "save"]

@@ -43,10 +43,11 @@ from typing import Any
 
 import numpy as np
 
+from cbcert.certify.smoothing import SMOOTHINGS
 from cbcert.report.cells import CellResult, DamagedFileError, ReportError, find_cells
 from cbcert.report.figures import robustness_gaps
 from cbcert.report.findings import figure_findings, findings_table
-from cbcert.report.plotting import TYPE_COLOURS, draw_plans, pyplot, save
+from cbcert.report.plotting import KIND_TYPES, TYPE_COLOURS, budget_type, draw_plans, pyplot, save
 from cbcert.report.tables import Table, _num, tables
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
@@ -154,10 +155,7 @@ def gap_table(worlds: Sequence[WorldCells]) -> Table | None:
 def perturbation_type(column: str) -> str:
     """``geometric`` or ``semantic`` for a `gap_columns` column (``ΔPFR τ=1`` → semantic,
     ``ΔRobAcc ε=0.03 attack-concept`` → semantic, ``ΔACR σ=0.1`` → geometric)."""
-    budget = column.split(" ", 1)[1] if " " in column else column
-    if "attack-concept" in budget or budget.split("=")[0] in ("τ", "ρ", "m"):
-        return "semantic"
-    return "geometric"
+    return budget_type(column.split(" ", 1)[1] if " " in column else column)
 
 
 def _gap_groups(columns: Sequence[str]) -> list[tuple[str, list[int]]]:
@@ -255,9 +253,6 @@ def figure_pfr_worlds(worlds: Sequence[WorldCells], kind: str, path: Path) -> Pa
     return save(fig, path)
 
 
-_KIND_TYPES = {"eps": "geometric", "sigma": "geometric", "tau": "semantic", "rho": "semantic"}
-
-
 def figure_pfr_models_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
     """PFR (mean ± sd over subsets) of every model in one panel: a row per world, a column
     per budget kind (ε, τ, σ, ρ), panel titles coloured by perturbation type — std and the
@@ -287,7 +282,7 @@ def figure_pfr_models_worlds(worlds: Sequence[WorldCells], path: Path) -> Path |
             symbol = _PFR_AXES[kind]
             ax.set_title(f"{name}: {symbol}" if family is None else
                          f"{name} ({family}): {symbol}", fontsize=8,
-                         color=TYPE_COLOURS[_KIND_TYPES[kind]])
+                         color=TYPE_COLOURS[KIND_TYPES[kind]])
             ax.set(ylim=(-0.02, 1.02))
             ax.tick_params(labelsize=7)
             if r == len(rows) - 1:
@@ -313,7 +308,7 @@ def figure_dfs_cfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | No
         names.append(name)
         for b in cell.summary["budgets"]:
             for model, dfs in b.get("dfs", {}).items():
-                points.setdefault(model, []).append((len(names) - 1, _KIND_TYPES[b["kind"]],
+                points.setdefault(model, []).append((len(names) - 1, KIND_TYPES[b["kind"]],
                                                      b["cfr"]["mean"], dfs["mean"]))
     if not points:
         return None
@@ -336,10 +331,6 @@ def figure_dfs_cfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | No
     return save(fig, path)
 
 
-_RADIUS_ROWS = (("gaussian", "σ", "L2 radius"), ("bernoulli", "ρ", "Hamming radius"),
-                ("fixed", "m", "Hamming radius"))
-
-
 def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
     """ACR (solid) and radius of correct inputs (hatched) per certification cell: a row of
     panels per noise (σ, then ρ, then fixed m flips), a panel per scale titled by it, groups
@@ -347,10 +338,10 @@ def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | Non
     found = [c for _, _, cells in worlds for c in cells
              if c.kind == "certify" and c.summary["mode"] == "certify"]
     rows = []
-    for noise, symbol, unit in _RADIUS_ROWS:
+    for noise, kind in SMOOTHINGS.items():
         names = list(dict.fromkeys(c.name for c in found if c.summary.get("noise") == noise))
         if names:
-            rows.append((symbol, unit, names))
+            rows.append((kind.symbol, "Hamming radius" if kind.hamming else "L2 radius", names))
     if not rows:
         return None
     models = list(dict.fromkeys(m for c in found for m in c.summary["models"]))
@@ -510,19 +501,17 @@ def figure_attacks_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | No
     return save(fig, path)
 
 
-def cross_world_figures(worlds: Sequence[WorldCells], out: Path,
-                        log: Callable[[str], None] = print,
-                        tables: Sequence[Table] | None = None) -> list[Path]:
+def cross_world_figures(worlds: Sequence[WorldCells], out: Path, tables: Sequence[Table],
+                        log: Callable[[str], None] = print) -> list[Path]:
     """Every cross-world figure the worlds have data for; notes for the skipped ones.
-    ``tables``: `cross_world_tables(worlds)` if already made (the findings figure reads its
+    ``tables``: `cross_world_tables(worlds)` (the findings figure reads its
     ``worlds_findings``)."""
-    tables = cross_world_tables(worlds) if tables is None else tables
     found = next((t for t in tables if t.name == "worlds_findings"), None)
     plans: list[tuple[str, Callable[[Path], Path | None]]] = [
         ("findings_worlds.png", lambda p: figure_findings(found, p)),
         ("robustness_gap_worlds.png", lambda p: figure_gap_worlds(worlds, p)),
         *((f"pfr_worlds_{k}.png", lambda p, k=k: figure_pfr_worlds(worlds, k, p))
-          for k in ("eps", "tau", "sigma", "rho")),
+          for k in BUDGET_SYMBOLS),
         ("pfr_models_worlds.png", lambda p: figure_pfr_models_worlds(worlds, p)),
         ("dfs_cfr_worlds.png", lambda p: figure_dfs_cfr_worlds(worlds, p)),
         ("radius_worlds.png", lambda p: figure_radius_worlds(worlds, p)),

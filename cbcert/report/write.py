@@ -183,7 +183,7 @@ def _write_worlds_report(run_dir: Path, entries: list[dict],
                      + (f" — {family}" if family else ""))
     links.append("")
     all_tables = cross_world_tables(worlds)
-    figures = cross_world_figures(worlds, _out(run_dir), log, all_tables)
+    figures = cross_world_figures(worlds, _out(run_dir), all_tables, log)
     return written + _write(run_dir, all_tables, figures, links)
 
 
