@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from cbcert.cli import main
 from cbcert.report import cells, figures, tables
 from cbcert.report import write as report
+from cbcert.robustness import stats
 from cbcert.runs import attack as attack_runner
 from cbcert.runs import sessions, sweep
 from cbcert.runs.config import load_config
@@ -163,6 +164,24 @@ def test_attack_table_matches_records(run_dir, written):
         assert float(row["clean_accuracy"]) == np.mean(
             [r["clean_prediction"] == r["label"] for r in records
              if r["model"] == row["model"] and r["eps"] == 0.01])
+
+
+def test_attack_tests_pair_each_input_of_the_records(run_dir, written):
+    records = _records(run_dir / "attack-latent" / RECORDS)
+    rows = _csv(run_dir, "attack_tests")
+    assert [(r["eps"], r["model_a"], r["model_b"]) for r in rows] == [("0.01", "std", "cbm"),
+                                                                       ("0.03", "std", "cbm")]
+    for row in rows:
+        eps = float(row["eps"])
+        robust = {m: np.array([r["robust"] for r in sorted(records, key=lambda r: r["index"])
+                               if r["model"] == m and r["eps"] == eps]) for m in ("std", "cbm")}
+        test = stats.mcnemar_test(robust["std"], robust["cbm"])
+        assert int(row["inputs"]) == 4
+        assert float(row["robust_a"]) == robust["std"].mean()
+        assert float(row["delta_mean"]) == robust["std"].mean() - robust["cbm"].mean()
+        assert (int(row["a_only"]), int(row["b_only"])) == (test.a_only, test.b_only)
+        assert float(row["p"]) == test.pvalue
+    assert [float(r["p_holm"]) for r in rows] == list(stats.holm([float(r["p"]) for r in rows]))
 
 
 def test_figures_are_pngs_and_absent_data_are_noted(run_dir, written):

@@ -63,7 +63,13 @@ def _tables():
                     ("world", "family", "cell", "budget", "kind", "value", "pfr_std_mean"),
                     (("w", "f", "perturb", "tau1", "tau", 1.0, 0.4),
                      ("w", "f", "perturb", "eps0.3", "eps", 0.3, 0.25)))
-    return [radius, subsets, perturb_tests, perturb]
+    attack_tests = Table("worlds_attack_tests", "",
+                         ("world", "family", "cell", "eps", "model_a", "model_b", "inputs",
+                          "robust_a", "robust_b", "delta_mean", "delta_sd", "a_only", "b_only",
+                          "p", "p_holm"),
+                         (("w", "f", "attack-concept", 0.03, "std", "proto", 200, 0.94, 0.47,
+                           0.47, 0.53, 97, 3, 2.6e-25, 1.1e-24),))
+    return [radius, subsets, perturb_tests, perturb, attack_tests]
 
 
 def test_findings_rows_come_from_the_reports_tests_in_reading_order():
@@ -75,8 +81,9 @@ def test_findings_rows_come_from_the_reports_tests_in_reading_order():
         ("certified radius R̄", "ρ=0.05", "semantic"),
         ("certified radius R̄", "m=2", "semantic"),
         ("flip rate PFR", "ε=0.3", "geometric"),
-        ("flip rate PFR", "τ=1", "semantic")]
-    sigma, rho, flips, eps, tau = rows
+        ("flip rate PFR", "τ=1", "semantic"),
+        ("robust accuracy RobAcc", "ε=0.03 attack-concept", "semantic")]
+    sigma, rho, flips, eps, tau, attack = rows
     assert sigma["value_a"] == 0.08 and sigma["relative"] == pytest.approx(0.01 / 0.08)
     assert (sigma["ci_low"], sigma["ci_high"]) == pytest.approx(t_interval(0.01, 0.02, 4))
     assert sigma["ci_low"] < 0 < sigma["ci_high"] and sigma["more_robust"] == "none shown"
@@ -84,9 +91,13 @@ def test_findings_rows_come_from_the_reports_tests_in_reading_order():
     assert flips["more_robust"] == "cbm" and flips["subsets"] == 5  # Δ < 0: cbm's radius larger
     assert eps["more_robust"] == "cbm" and eps["value_a"] == 0.25  # std flips more
     assert tau["more_robust"] == "std" and tau["model_b"] == "proto"  # proto flips more
+    # Robust accuracy: Δ > 0, std robust on more inputs; the interval is over the 200 inputs.
+    assert attack["more_robust"] == "std" and attack["value_a"] == 0.94
+    assert (attack["ci_low"], attack["ci_high"]) == pytest.approx(t_interval(0.47, 0.53, 199))
+    assert attack["relative"] == pytest.approx(0.47 / 0.94) and attack["subsets"] == 200
 
 
-def test_no_findings_without_either_test():
+def test_no_findings_without_any_test():
     assert findings_table([Table("worlds_gap", "", ("world",), (("w",),))]) is None
 
 
@@ -99,13 +110,15 @@ def test_findings_figure_has_a_panel_per_unit_and_fills_what_holm_shows(tmp_path
     axes = figure.axes
     assert [ax.get_title() for ax in axes] == ["L2 radius: certified radius R̄",
                                                "Hamming radius: certified radius R̄",
-                                               "flip rate: flip rate PFR"]
+                                               "flip rate: flip rate PFR",
+                                               "attack: robust accuracy RobAcc"]
     ticks = [[t.get_text() for t in ax.get_yticklabels()] for ax in axes]
     # ρ = 0.05 has no Δ (one usable subset): left out of the figure, kept in the table.
-    assert ticks == [["w  σ=0.1"], ["w  m=2"], ["w  ε=0.3", "w  τ=1"]]
+    assert ticks == [["w  σ=0.1"], ["w  m=2"], ["w  ε=0.3", "w  τ=1"],
+                     ["w  ε=0.03 attack-concept"]]
     # Tick colour: the row's perturbation type (geometric blue, semantic orange).
     assert [[t.get_color() for t in ax.get_yticklabels()] for ax in axes] == [
-        ["tab:blue"], ["tab:orange"], ["tab:blue", "tab:orange"]]
+        ["tab:blue"], ["tab:orange"], ["tab:blue", "tab:orange"], ["tab:orange"]]
 
     def markers(ax):  # (x, filled) of each model's point; interval lines have no marker
         return [(round(line.get_xdata()[0], 6), line.get_markerfacecolor() != "white")
@@ -114,6 +127,7 @@ def test_findings_figure_has_a_panel_per_unit_and_fills_what_holm_shows(tmp_path
     assert markers(axes[0]) == [(round(100 * 0.01 / 0.08, 6), False)]
     assert markers(axes[1]) == [(round(100 * -0.5 / 1.25, 6), True)]
     assert sorted(markers(axes[2])) == [(-75.0, True), (16.0, True)]
+    assert markers(axes[3]) == [(50.0, True)]
 
 
 def test_no_findings_figure_without_a_relative_size(tmp_path):

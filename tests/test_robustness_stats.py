@@ -141,6 +141,38 @@ def test_permutation_test_rejects_bad_input():
         stats.paired_permutation_test(np.array([np.inf]), np.array([0.0]))
 
 
+@pytest.mark.parametrize("a_only, b_only, concordant", [(4, 4, 192), (92, 7, 101), (18, 12, 170),
+                                                     (1, 3, 0), (0, 5, 3), (0, 0, 9)])
+def test_mcnemar_is_scipys_exact_binomial_test_of_the_discordant_pairs(a_only, b_only,
+                                                                         concordant):
+    a = np.array([True] * a_only + [False] * b_only + [True, False] * (concordant // 2)
+                 + [True] * (concordant % 2))
+    b = np.array([False] * a_only + [True] * b_only + [True, False] * (concordant // 2)
+                 + [True] * (concordant % 2))
+    test = stats.mcnemar_test(a, b)
+    n = a_only + b_only
+    expected = 1.0 if n == 0 else scipy.stats.binomtest(a_only, n, 0.5).pvalue
+    assert test.pvalue == pytest.approx(expected, rel=1e-12, abs=1e-300)
+    assert (test.a_only, test.b_only, test.num_pairs) == (a_only, b_only, a.size)
+    d = a.astype(float) - b.astype(float)
+    assert test.mean == pytest.approx(d.mean()) and test.sd == pytest.approx(d.std(ddof=1))
+
+
+def test_mcnemar_is_the_exact_sign_flip_permutation_test_of_0_1_outcomes():
+    rng = np.random.default_rng(5)
+    a, b = rng.uniform(size=(2, 14)) < np.array([[0.7], [0.4]])
+    exact = stats.paired_permutation_test(a.astype(float), b.astype(float))
+    assert exact.exact
+    assert stats.mcnemar_test(a, b).pvalue == pytest.approx(exact.pvalue, rel=1e-12)
+
+
+def test_mcnemar_rejects_bad_input():
+    with pytest.raises(ValueError, match="M >= 1"):
+        stats.mcnemar_test(np.array([]), np.array([]))
+    with pytest.raises(ValueError, match="0/1"):
+        stats.mcnemar_test(np.array([0.5]), np.array([1.0]))
+
+
 @pytest.mark.parametrize("pvalues", [
     np.random.default_rng(1).uniform(size=9) ** 3,
     np.array([0.5, 0.01, 1.0, 0.04, 0.01, 0.5, 0.0]),  # ties, 0 and 1, the cap at 1 reached

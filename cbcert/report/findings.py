@@ -10,13 +10,18 @@ report already runs — no new test, no new p-value:
 * **flip rate** (`worlds_perturb_tests`): ``Δ = PFR_std − PFR_b`` per subset; paired sign-flip
   permutation test over the subsets' inputs, Holm over the budgets of one world. Δ > 0: std
   flips more, b is the more robust.
+* **robust accuracy** under APGD (`worlds_attack_tests`): ``Δ = RobAcc_std − RobAcc_b`` over
+  the inputs both were attacked on; exact McNemar test over the inputs, Holm over the ε and
+  pairs of one attack cell. Δ > 0: std is the more robust.
 
 Added per row: the first model's value (``R̄_std`` or ``PFR_std``, mean over subsets), the 95 %
 t-interval of the mean difference over the k subsets, ``Δ ± t₀.₉₇₅,k−1 · sd/√k`` (the subsets
 overlap when k·size exceeds the inputs, so read it as descriptive), Δ relative to the first
 model's value, and which model is shown the more robust: the one ``p_holm < 0.05`` favours,
-``none shown`` otherwise (``untested`` where the test has no p). Rows of the
-radius test run ``σ`` then ``ρ`` then ``m``, then the flip rates by budget kind.
+``none shown`` otherwise (``untested`` where the test has no p). For robust accuracy the
+interval is the same t-interval over the inputs' differences ``d_i ∈ {−1, 0, 1}`` (k = the
+inputs). Rows of the radius test run ``σ`` then ``ρ`` then ``m``, then the flip rates by
+budget kind, then the attack cells.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 import scipy.stats
 
 from cbcert.certify.smoothing import KINDS, SMOOTHINGS
-from cbcert.report.plotting import KIND_TYPES, TYPE_COLOURS, pyplot, save
+from cbcert.report.plotting import KIND_TYPES, TYPE_COLOURS, budget_type, pyplot, save
 from cbcert.report.tables import Table
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
@@ -97,6 +102,16 @@ def _pfr_rows(tests: list[dict], perturb: list[dict]) -> list[tuple]:
     return out
 
 
+def _attack_rows(tests: list[dict]) -> list[tuple]:
+    out = []
+    for r in tests:
+        budget = f"ε={r['eps']:g} {r['cell']}"
+        r = {**r, "df": None if r.get("inputs") is None else r["inputs"] - 1}
+        out.append(_row(r, "robust accuracy RobAcc", budget, budget_type(budget), r["robust_a"],
+                        "exact McNemar (inputs)", larger_is_robust=True))
+    return out
+
+
 def _row(r: dict, measure: str, budget: str, kind: str, value_a: float | None, test: str,
          larger_is_robust: bool) -> tuple:
     delta, sd, df = r.get("delta_mean"), r.get("delta_sd"), r.get("df")
@@ -109,30 +124,35 @@ def _row(r: dict, measure: str, budget: str, kind: str, value_a: float | None, t
 
 
 def findings_table(tables: Sequence[Table]) -> Table | None:
-    """``worlds_findings``: every std-vs-model difference of the certification radius test and
-    the flip-rate tests across worlds, with the first model's value, the 95 % t-interval, the
-    relative size and the model shown the more robust (module docstring). ``tables``: the
-    cross-world tables (`cbcert.report.worlds.cross_world_tables`); None if neither test ran.
+    """``worlds_findings``: every std-vs-model difference of the certification radius test,
+    the flip-rate tests and the attack tests across worlds, with the first model's value, the
+    95 % t-interval, the relative size and the model shown the more robust (module
+    docstring). ``tables``: the cross-world tables
+    (`cbcert.report.worlds.cross_world_tables`); None if no test ran.
     """
     by_name = {t.name: t for t in tables}
     radius = _rows(by_name.get("worlds_certification_radius_tests"))
     pfr = _rows(by_name.get("worlds_perturb_tests"))
     subsets = _rows(by_name.get("worlds_certification_subsets"))
     perturb = _rows(by_name.get("worlds_perturb"))
+    attack = _rows(by_name.get("worlds_attack_tests"))
     rows = []
-    worlds = list(dict.fromkeys([r["world"] for r in radius] + [r["world"] for r in pfr]))
+    worlds = list(dict.fromkeys(r["world"] for r in (*radius, *pfr, *attack)))
     for world in worlds:
         rows += _radius_rows([r for r in radius if r["world"] == world], subsets)
         rows += _pfr_rows([r for r in pfr if r["world"] == world], perturb)
+        rows += _attack_rows([r for r in attack if r["world"] == world])
     if not rows:
         return None
     return Table("worlds_findings",
                  "Findings: std against each other model, every world and budget. Δ = value_std "
                  "− value_b (certified radius R̄ over correct inputs: Δ > 0, std more robust; "
-                 "flip rate PFR: Δ > 0, b more robust), 95 % t-interval over the subsets, Δ "
-                 "relative to std's value, p_holm: Holm-adjusted p of the report's test (radius: "
-                 "paired t over the subsets, Holm across one noise's scales; PFR: paired "
-                 "permutation over the inputs, Holm across the budgets); more_robust: the "
+                 "flip rate PFR: Δ > 0, b more robust; robust accuracy RobAcc under APGD: Δ > 0, "
+                 "std more robust), 95 % t-interval over the subsets (RobAcc: over the inputs), "
+                 "Δ relative to std's value, p_holm: Holm-adjusted p of the report's test "
+                 "(radius: paired t over the subsets, Holm across one noise's scales; PFR: "
+                 "paired permutation over the inputs, Holm across the budgets; RobAcc: exact "
+                 "McNemar over the inputs, Holm across the cell's ε and pairs); more_robust: the "
                  f"model p_holm < {LEVEL} favours", COLUMNS, tuple(rows))
 
 
@@ -142,17 +162,19 @@ PANELS = (("L2 radius", "certified radius R̄",
            tuple(s.symbol for s in SMOOTHINGS.values() if not s.hamming)),
           ("Hamming radius", "certified radius R̄",
            tuple(s.symbol for s in SMOOTHINGS.values() if s.hamming)),
-          ("flip rate", "flip rate PFR", tuple(BUDGET_SYMBOLS.values())))
+          ("flip rate", "flip rate PFR", tuple(BUDGET_SYMBOLS.values())),
+          ("attack", "robust accuracy RobAcc", ("ε",)))
 _MARKERS = "osD^v<>p"
 
 
 def figure_findings(table: Table | None, path: Path) -> Path | None:
     """The findings at a glance: Δ relative to std's value (%, with its 95 % t-interval) for
     every world, budget and model, a panel per unit (`PANELS`: L2 radii, Hamming radii, flip
-    rates), a row per world and budget, a marker per compared model, colour by perturbation
-    type (`TYPE_COLOURS`), filled where Holm shows a difference (``p_holm < LEVEL``), hollow
-    where not. The sign is each measure's own: a radius Δ > 0 favours std, a flip-rate Δ > 0
-    the other model. Rows whose std value is 0 (no relative size) are left out of the figure,
+    rates, robust accuracy under attack), a row per world and budget, a marker per compared
+    model, colour by perturbation type (`TYPE_COLOURS`), filled where Holm shows a difference
+    (``p_holm < LEVEL``), hollow where not. The sign is each measure's own: a radius or
+    robust-accuracy Δ > 0 favours std, a flip-rate Δ > 0 the other model. Rows whose std
+    value is 0 (no relative size) are left out of the figure,
     not of the table. None without a plottable row."""
     if table is None:
         return None
@@ -190,7 +212,7 @@ def figure_findings(table: Table | None, path: Path) -> Path | None:
         for tick, label in zip(ax.get_yticklabels(), labels, strict=True):
             tick.set_color(TYPE_COLOURS[types[label]])
         ax.set_ylim(len(labels) - 0.5, -0.5)
-        sign = "std" if measure.startswith("certified") else "the other model"
+        sign = "the other model" if measure.startswith("flip rate") else "std"
         ax.set_xlabel(f"Δ / std's value (%); > 0 favours {sign}", fontsize=8)
         ax.set_title(f"{unit}: {measure}", fontsize=9)
     handles = [plt.Line2D([], [], marker=_MARKERS[j % len(_MARKERS)], color="0.3",

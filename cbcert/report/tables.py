@@ -14,9 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from cbcert.certify.smoothing import smoothing
 from cbcert.report.cells import CellResult, DamagedFileError
 from cbcert.robustness.certification import radius_of_correct_by_subset, radius_tests
+from cbcert.robustness.stats import holm, mcnemar_test
 from cbcert.runs.directory import RECORDS, RecordsError, read_records
 from cbcert.schema import value_name
 
@@ -352,6 +355,54 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
+def attack_test_tables(cells: Sequence[CellResult]) -> list[Table]:
+    """Paired tests of robust accuracy: in every attack cell, the first model against each
+    other at each ε, over the inputs both were attacked on (the same inputs for every model).
+
+    Per input ``d_i = robust_a,i − robust_b,i ∈ {−1, 0, 1}`` (abstain counts as not robust, as
+    in `attack_tables`); ``Δ = RobAcc_a − RobAcc_b = mean(d)``, its sd (``ddof=1``), the
+    discordant counts, the exact McNemar p (`cbcert.robustness.stats.mcnemar_test`) and its
+    Holm correction over the cell's tests (every ε and pair). Read from each cell's records.
+    """
+    rows = []
+    for cell in cells:
+        if cell.kind != "attack" or cell.path is None:
+            continue
+        models = list(cell.summary["models"])
+        path = cell.path / RECORDS
+        try:
+            records = read_records(path, key=lambda r: (r["index"], r["model"], r["eps"]),
+                                   repair=False)
+            robust = {(r["model"], r["eps"], r["index"]): bool(r["robust"]) for r in records}
+            part = []
+            for b in cell.summary["models"][models[0]]["budgets"]:
+                eps = b["eps"]
+                inputs = sorted(i for (m, e, i) in robust if m == models[0] and e == eps)
+                first = np.array([robust[models[0], eps, i] for i in inputs])
+                for other in models[1:]:
+                    second = np.array([robust[other, eps, i] for i in inputs])
+                    test = mcnemar_test(first, second)
+                    part.append([cell.name, eps, models[0], other, test.num_pairs,
+                                 float(first.mean()), float(second.mean()), test.mean, test.sd,
+                                 test.a_only, test.b_only, test.pvalue])
+        except (RecordsError, KeyError, TypeError, ValueError) as err:
+            raise DamagedFileError(f"{path}: {err} (the records do not match the summary's "
+                                   "models and budgets; rerun the cell)") from None
+        if part:
+            adjusted = holm(np.array([r[-1] for r in part]))
+            rows += [(*r, float(p)) for r, p in zip(part, adjusted, strict=True)]
+    if not rows:
+        return []
+    return [Table("attack_tests",
+                  "Paired tests of robust accuracy: robust_a, robust_b: RobAcc of each model, Δ = "
+                  "RobAcc_a − RobAcc_b over the inputs both models were attacked on, sd of the "
+                  "per-input differences; a_only, "
+                  "b_only: inputs robust for that model only; p: exact McNemar test, p_holm: "
+                  "Holm over the cell's tests",
+                  ("cell", "eps", "model_a", "model_b", "inputs", "robust_a", "robust_b",
+                   "delta_mean", "delta_sd", "a_only", "b_only", "p", "p_holm"), tuple(rows))]
+
+
 def _count(cells: Sequence[CellResult], kind: str) -> int:
     return sum(c.kind == kind for c in cells)
 
@@ -359,4 +410,4 @@ def _count(cells: Sequence[CellResult], kind: str) -> int:
 def tables(cells: Sequence[CellResult]) -> list[Table]:
     """All tables of a run, in report order."""
     return [*certification_tables(cells), *perturb_tables(cells), *attack_tables(cells),
-            *classes_tables(cells), *explain_tables(cells)]
+            *attack_test_tables(cells), *classes_tables(cells), *explain_tables(cells)]

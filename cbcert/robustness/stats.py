@@ -4,7 +4,8 @@ Pure numpy/scipy in float64, on host. The reducers turn raw model outputs on cle
 and perturbed images into per-input (or per-input-per-sample) flip indicators and distances;
 `subset_means` averages them over the protocol's random subsets; `paired_ttest` compares two
 models over those subsets (SPEC §3), `paired_permutation_test` over the inputs themselves (the
-subsets overlap, so their means are not independent), and `holm` corrects a family of p-values.
+subsets overlap, so their means are not independent), `mcnemar_test` compares paired binary
+outcomes (robust under an attack or not), and `holm` corrects a family of p-values.
 
 Array conventions: ``N`` inputs, ``S`` perturbation samples per input (``S = 1`` when the
 perturbed array has no sample axis), ``K`` binary concepts, ``D`` concept scores of a CBM.
@@ -289,6 +290,55 @@ def paired_permutation_test(a: np.ndarray, b: np.ndarray, *, resamples: int = 99
         hits += int(np.sum(np.abs(signs @ d) >= observed))
     return PermutationTest(float(d.mean()), sd, m, (1 + hits) / (resamples + 1), False,
                            resamples)
+
+
+@dataclass(frozen=True)
+class McNemarTest:
+    """Exact McNemar test of paired binary outcomes (`mcnemar_test`).
+
+    ``mean`` and ``sd`` (``ddof=1``; 0 for one pair) describe the per-pair differences
+    ``d_i = a_i − b_i ∈ {−1, 0, 1}``; ``a_only``/``b_only`` count the discordant pairs (true for
+    ``a`` only, for ``b`` only); ``pvalue`` is two-sided.
+    """
+
+    mean: float
+    sd: float
+    num_pairs: int
+    a_only: int
+    b_only: int
+    pvalue: float
+
+
+def mcnemar_test(a: np.ndarray, b: np.ndarray) -> McNemarTest:
+    """Two-sided exact McNemar test of paired binary outcomes ``a`` vs ``b`` (e.g. whether
+    each input stayed robust under an attack on two models).
+
+    Under H0 (the two outcomes of a pair are exchangeable) each of the ``n = a_only + b_only``
+    discordant pairs favours ``a`` with probability ½, so ``a_only ~ Binomial(n, ½)`` and
+    ``p = min(1, 2 · P(X ≤ min(a_only, b_only)))`` with ``X ~ Binomial(n, ½)`` (``p = 1``
+    without a discordant pair); concordant pairs carry no information. This is the paired
+    sign-flip permutation test (`paired_permutation_test`) of ``d_i = a_i − b_i``, enumerated
+    exactly, for 0/1 outcomes. ``P(p ≤ α) ≤ α`` under H0.
+
+    Args:
+      a, b: [M] bool (or 0/1) outcomes of the same M ≥ 1 pairs in the same order.
+    """
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.ndim != 1 or a.shape != b.shape or a.shape[0] < 1:
+        raise ValueError(f"mcnemar_test: a and b must have the same shape [M] with M >= 1, "
+                         f"got {a.shape} and {b.shape}")
+    if not (np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all()):
+        raise ValueError("mcnemar_test: a and b must hold booleans or 0/1")
+    a, b = a.astype(bool), b.astype(bool)
+    d = a.astype(np.float64) - b.astype(np.float64)
+    m = d.shape[0]
+    a_only, b_only = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    n = a_only + b_only
+    p = 1.0 if n == 0 else min(1.0, 2.0 * float(scipy.stats.binom.cdf(min(a_only, b_only), n,
+                                                                        0.5)))
+    return McNemarTest(float(d.mean()), float(d.std(ddof=1)) if m > 1 else 0.0, m, a_only,
+                       b_only, p)
 
 
 def holm(pvalues: np.ndarray) -> np.ndarray:
