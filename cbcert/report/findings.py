@@ -174,8 +174,8 @@ def figure_findings(table: Table | None, path: Path) -> Path | None:
     model, colour by perturbation type (`TYPE_COLOURS`), filled where Holm shows a difference
     (``p_holm < LEVEL``), hollow where not. The sign is each measure's own: a radius or
     robust-accuracy Δ > 0 favours std, a flip-rate Δ > 0 the other model. Rows whose std
-    value is 0 (no relative size) are left out of the figure,
-    not of the table. None without a plottable row."""
+    value is 0 (no relative size) are left out of the figure, not of the table. None without a
+    plottable row."""
     if table is None:
         return None
     rows = _rows(table)
