@@ -1,6 +1,6 @@
 """The findings of a multi-world run: where std and each other model differ, by how much, how sure.
 
-One row per world, budget and pair (std against cbm, cbmh, proto), from the two tests the
+One row per world, budget and pair (std against cbm, cbmh, proto), from the three tests the
 report already runs — no new test, no new p-value:
 
 * **certified radius** (`worlds_certification_radius_tests`, the method's test): ``Δ = R̄_std

@@ -6,10 +6,11 @@ Reads every world directory's finished cells (`find_cells`) and writes, into ``<
   perturb and its tests, attack, the classes' distance matrices): the rows of every world
   under leading ``world`` and ``family`` columns (columns a world lacks are empty);
 * ``worlds_findings.csv``, first in ``report.md``: every std-vs-model difference of the
-  certification radius test and the flip-rate tests with its 95 % interval, relative size and
-  Holm-adjusted p (`cbcert.report.findings`);
+  certification radius test, the flip-rate tests and the attack tests with its 95 % interval,
+  relative size and Holm-adjusted p (`cbcert.report.findings`);
 * ``findings_worlds.png``: those differences relative to std's value with their intervals, a
-  panel per unit (L2 radius, Hamming radius, flip rate), colour by perturbation type;
+  panel per unit (L2 radius, Hamming radius, flip rate, robust accuracy), colour by
+  perturbation type;
 * ``worlds_gap.csv`` and ``robustness_gap_worlds.png``: the std-vs-cbm gaps (`robustness_gaps`),
   one row per world, one column per budget × metric; the figure draws one heatmap per unit
   (fractions of ΔPFR, ΔSmAcc, ΔRobAcc; L2 and Hamming ΔACR apart), each on its own scale;
