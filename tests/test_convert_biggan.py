@@ -215,7 +215,7 @@ def test_spectral_norm_fold_matches_torch(reference, tensors):
         reference(torch.zeros(1, 8), torch.zeros(1, 5), 1.0)  # eval hooks set .weight
     module = reference.generator.layers[2].snconv1x1_g
     expected = module.weight.numpy()
-    matrix = module.weight_orig.reshape(module.weight_orig.shape[0], -1)
+    matrix = module.weight_orig.detach().reshape(module.weight_orig.shape[0], -1)
     sigma = float(module.weight_u @ matrix @ module.weight_v)
     assert sigma < (1 - 1e-3) * float(torch.linalg.matrix_norm(matrix, 2))  # u, v matter
     np.testing.assert_allclose(folded["generator.layers.2.snconv1x1_g.weight"], expected,
