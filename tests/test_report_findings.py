@@ -49,9 +49,20 @@ def _tables():
                     ("w", "f", "concept-rho0.05", "bernoulli", 0.05, "std", "cbm", 1, None,
                      None, None, None, None, None)))
     subsets = Table("worlds_certification_subsets", "",
-                    ("world", "family", "cell", "model", "radius_of_correct_mean"),
-                    (("w", "f", "latent-sigma0.1", "std", 0.08),
-                     ("w", "f", "concept-flips2", "std", 1.25)))
+                    ("world", "family", "cell", "model", "subsets", "smoothed_accuracy_mean",
+                     "radius_of_correct_mean"),
+                    (("w", "f", "latent-sigma0.1", "std", 5, 0.9, 0.08),
+                     ("w", "f", "concept-flips2", "std", 5, 0.75, 1.25)))
+    # Smoothed accuracy: only the fixed-flip cell's row is a finding (σ has radii; ACR is not).
+    certification_tests = Table("worlds_certification_tests", "",
+                                ("world", "family", "cell", "metric", "model_a", "model_b",
+                                 "delta_mean", "delta_sd", "inputs", "p", "p_holm"),
+                                (("w", "f", "latent-sigma0.1", "smoothed_accuracy", "std", "cbm",
+                                  0.01, 0.01, 662, 0.5, 1.0),
+                                 ("w", "f", "concept-flips2", "acr", "std", "cbm", 0.0, 0.0, 662,
+                                  1.0, 1.0),
+                                 ("w", "f", "concept-flips2", "smoothed_accuracy", "std", "cbm",
+                                  -0.05, 0.02, 662, 0.003, 0.0165)))
     perturb_tests = Table("worlds_perturb_tests", "",
                           ("world", "family", "cell", "budget", "model_a", "model_b",
                            "delta_mean", "delta_sd", "df", "p", "p_holm"),
@@ -69,7 +80,7 @@ def _tables():
                           "p", "p_holm"),
                          (("w", "f", "attack-concept", 0.03, "std", "proto", 200, 0.94, 0.47,
                            0.47, 0.53, 97, 3, 2.6e-25, 1.1e-24),))
-    return [radius, subsets, perturb_tests, perturb, attack_tests]
+    return [radius, subsets, certification_tests, perturb_tests, perturb, attack_tests]
 
 
 def test_findings_rows_come_from_the_reports_tests_in_reading_order():
@@ -80,15 +91,20 @@ def test_findings_rows_come_from_the_reports_tests_in_reading_order():
         ("certified radius R̄", "σ=0.1", "geometric"),
         ("certified radius R̄", "ρ=0.05", "semantic"),
         ("certified radius R̄", "m=2", "semantic"),
+        ("smoothed accuracy SmAcc", "m=2", "semantic"),
         ("flip rate PFR", "ε=0.3", "geometric"),
         ("flip rate PFR", "τ=1", "semantic"),
         ("robust accuracy RobAcc", "ε=0.03 attack-concept", "semantic")]
-    sigma, rho, flips, eps, tau, attack = rows
+    sigma, rho, flips, accuracy, eps, tau, attack = rows
     assert sigma["value_a"] == 0.08 and sigma["relative"] == pytest.approx(0.01 / 0.08)
     assert (sigma["ci_low"], sigma["ci_high"]) == pytest.approx(t_interval(0.01, 0.02, 4))
     assert sigma["ci_low"] < 0 < sigma["ci_high"] and sigma["more_robust"] == "none shown"
     assert rho["delta"] is None and rho["ci_low"] is None and rho["more_robust"] == "untested"
     assert flips["more_robust"] == "cbm" and flips["subsets"] == 5  # Δ < 0: cbm's radius larger
+    # Under m flips: Δ = SmAcc_std − SmAcc_cbm < 0, cbm keeps more accuracy; t over 5 subsets.
+    assert accuracy["more_robust"] == "cbm" and accuracy["value_a"] == 0.75
+    assert (accuracy["ci_low"], accuracy["ci_high"]) == pytest.approx(t_interval(-0.05, 0.02, 4))
+    assert accuracy["subsets"] == 5 and accuracy["test"] == "permutation (inputs)"
     assert eps["more_robust"] == "cbm" and eps["value_a"] == 0.25  # std flips more
     assert tau["more_robust"] == "std" and tau["model_b"] == "proto"  # proto flips more
     # Robust accuracy: Δ > 0, std robust on more inputs; the interval is over the 200 inputs.
@@ -110,15 +126,16 @@ def test_findings_figure_has_a_panel_per_unit_and_fills_what_holm_shows(tmp_path
     axes = figure.axes
     assert [ax.get_title() for ax in axes] == ["L2 radius: certified radius R̄",
                                                "Hamming radius: certified radius R̄",
+                                               "accuracy under m flips: smoothed accuracy SmAcc",
                                                "flip rate: flip rate PFR",
                                                "attack: robust accuracy RobAcc"]
     ticks = [[t.get_text() for t in ax.get_yticklabels()] for ax in axes]
     # ρ = 0.05 has no Δ (one usable subset): left out of the figure, kept in the table.
-    assert ticks == [["w  σ=0.1"], ["w  m=2"], ["w  ε=0.3", "w  τ=1"],
+    assert ticks == [["w  σ=0.1"], ["w  m=2"], ["w  m=2"], ["w  ε=0.3", "w  τ=1"],
                      ["w  ε=0.03 attack-concept"]]
     # Tick colour: the row's perturbation type (geometric blue, semantic orange).
     assert [[t.get_color() for t in ax.get_yticklabels()] for ax in axes] == [
-        ["tab:blue"], ["tab:orange"], ["tab:blue", "tab:orange"], ["tab:orange"]]
+        ["tab:blue"], ["tab:orange"], ["tab:orange"], ["tab:blue", "tab:orange"], ["tab:orange"]]
 
     def markers(ax):  # (x, filled) of each model's point; interval lines have no marker
         return [(round(line.get_xdata()[0], 6), line.get_markerfacecolor() != "white")
@@ -126,8 +143,9 @@ def test_findings_figure_has_a_panel_per_unit_and_fills_what_holm_shows(tmp_path
 
     assert markers(axes[0]) == [(round(100 * 0.01 / 0.08, 6), False)]
     assert markers(axes[1]) == [(round(100 * -0.5 / 1.25, 6), True)]
-    assert sorted(markers(axes[2])) == [(-75.0, True), (16.0, True)]
-    assert markers(axes[3]) == [(50.0, True)]
+    assert markers(axes[2]) == [(round(100 * -0.05 / 0.75, 6), True)]
+    assert sorted(markers(axes[3])) == [(-75.0, True), (16.0, True)]
+    assert markers(axes[4]) == [(50.0, True)]
 
 
 def test_no_findings_figure_without_a_relative_size(tmp_path):

@@ -7,6 +7,11 @@ report already runs — no new test, no new p-value:
   − R̄_b``, the mean certified radius over correctly predicted inputs, per subset; paired
   two-sided t-test over the subsets; Holm across the σ (ρ, m) of one world. Δ > 0: std has the
   larger radius.
+* **smoothed accuracy under exactly m flips** (`worlds_certification_tests`): such noise
+  certifies no Hamming radius (two states at odd distance have disjoint noise sets), so for
+  those cells the findings compare what the method's Table 5 compares: ``Δ = SmAcc_std −
+  SmAcc_b`` per subset; paired sign-flip permutation test over the subsets' inputs, Holm over
+  the cell's tests. Δ > 0: std is the more robust.
 * **flip rate** (`worlds_perturb_tests`): ``Δ = PFR_std − PFR_b`` per subset; paired sign-flip
   permutation test over the subsets' inputs, Holm over the budgets of one world. Δ > 0: std
   flips more, b is the more robust.
@@ -14,14 +19,15 @@ report already runs — no new test, no new p-value:
   the inputs both were attacked on; exact McNemar test over the inputs, Holm over the ε and
   pairs of one attack cell. Δ > 0: std is the more robust.
 
-Added per row: the first model's value (``R̄_std`` or ``PFR_std``, mean over subsets), the 95 %
+Added per row: the first model's value (``R̄_std``, ``SmAcc_std`` or ``PFR_std``, mean over
+subsets), the 95 %
 t-interval of the mean difference over the k subsets, ``Δ ± t₀.₉₇₅,k−1 · sd/√k`` (the subsets
 overlap when k·size exceeds the inputs, so read it as descriptive), Δ relative to the first
 model's value, and which model is shown the more robust: the one ``p_holm < 0.05`` favours,
 ``none shown`` otherwise (``untested`` where the test has no p). For robust accuracy the
 interval is the same t-interval over the inputs' differences ``d_i ∈ {−1, 0, 1}`` (k = the
-inputs). Rows of the radius test run ``σ`` then ``ρ`` then ``m``, then the flip rates by
-budget kind, then the attack cells.
+inputs). Rows of the radius test run ``σ`` then ``ρ`` then ``m``, then the accuracies under m
+flips, then the flip rates by budget kind, then the attack cells.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from cbcert.report.tables import Table
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
 LEVEL = 0.05
+# Noises under which no radius can be certified: the findings compare smoothed accuracy there.
+ACCURACY_NOISES = ("fixed",)
 COLUMNS = ("world", "family", "measure", "budget", "type", "model_a", "model_b", "value_a",
            "delta", "ci_low", "ci_high", "relative", "subsets", "test", "p_holm",
            "more_robust")
@@ -74,18 +82,41 @@ def _rows(table: Table | None) -> list[dict[str, Any]]:
     return [dict(zip(table.columns, row, strict=True)) for row in table.rows]
 
 
+def _noise_budget(noise: str, scale: float) -> tuple[str, str]:
+    """``("σ=0.1", "geometric")``, ``("m=2", "semantic")``: a smoothing cell's budget label
+    and perturbation type."""
+    kind = SMOOTHINGS[noise]
+    label = f"{kind.symbol}={int(scale) if kind.symbol == 'm' else scale:g}"
+    return label, "semantic" if kind.hamming else "geometric"
+
+
 def _radius_rows(tests: list[dict], subsets: list[dict]) -> list[tuple]:
     value = {(r["world"], r["cell"], r["model"]): r.get("radius_of_correct_mean")
              for r in subsets}
     out = []
     for r in sorted(tests, key=lambda r: KINDS.index(r["noise"])):
-        kind = SMOOTHINGS[r["noise"]]
-        scale = r["scale"]
-        budget = f"{kind.symbol}={int(scale) if kind.symbol == 'm' else scale:g}"
         value_a = value.get((r["world"], r["cell"], r["model_a"]))
-        out.append(_row(r, "certified radius R̄", budget,
-                        "semantic" if kind.hamming else "geometric", value_a,
-                        "paired t (subsets)", larger_is_robust=True))
+        out.append(_row(r, "certified radius R̄", *_noise_budget(r["noise"], r["scale"]),
+                        value_a, "paired t (subsets)", larger_is_robust=True))
+    return out
+
+
+def _accuracy_rows(tests: list[dict], radius: list[dict], subsets: list[dict]) -> list[tuple]:
+    """Smoothed-accuracy rows of the cells whose noise is in `ACCURACY_NOISES` (the radius
+    test's rows give each cell's noise and scale)."""
+    cells = {(r["world"], r["cell"]): r for r in radius if r["noise"] in ACCURACY_NOISES}
+    by_model = {(r["world"], r["cell"], r["model"]): r for r in subsets}
+    out = []
+    for r in tests:
+        cell = cells.get((r["world"], r["cell"]))
+        if cell is None or r["metric"] != "smoothed_accuracy":
+            continue
+        a = by_model.get((r["world"], r["cell"], r["model_a"]), {})
+        k = a.get("subsets")
+        out.append(_row({**r, "df": None if k is None else k - 1}, "smoothed accuracy SmAcc",
+                        *_noise_budget(cell["noise"], cell["scale"]),
+                        a.get("smoothed_accuracy_mean"), "permutation (inputs)",
+                        larger_is_robust=True))
     return out
 
 
@@ -132,6 +163,7 @@ def findings_table(tables: Sequence[Table]) -> Table | None:
     """
     by_name = {t.name: t for t in tables}
     radius = _rows(by_name.get("worlds_certification_radius_tests"))
+    accuracy = _rows(by_name.get("worlds_certification_tests"))
     pfr = _rows(by_name.get("worlds_perturb_tests"))
     subsets = _rows(by_name.get("worlds_certification_subsets"))
     perturb = _rows(by_name.get("worlds_perturb"))
@@ -140,6 +172,7 @@ def findings_table(tables: Sequence[Table]) -> Table | None:
     worlds = list(dict.fromkeys(r["world"] for r in (*radius, *pfr, *attack)))
     for world in worlds:
         rows += _radius_rows([r for r in radius if r["world"] == world], subsets)
+        rows += _accuracy_rows([r for r in accuracy if r["world"] == world], radius, subsets)
         rows += _pfr_rows([r for r in pfr if r["world"] == world], perturb)
         rows += _attack_rows([r for r in attack if r["world"] == world])
     if not rows:
@@ -147,10 +180,13 @@ def findings_table(tables: Sequence[Table]) -> Table | None:
     return Table("worlds_findings",
                  "Findings: std against each other model, every world and budget. Δ = value_std "
                  "− value_b (certified radius R̄ over correct inputs: Δ > 0, std more robust; "
+                 "smoothed accuracy SmAcc under exactly m flips, which certify no radius: Δ > 0, "
+                 "std more robust; "
                  "flip rate PFR: Δ > 0, b more robust; robust accuracy RobAcc under APGD: Δ > 0, "
                  "std more robust), 95 % t-interval over the subsets (RobAcc: over the inputs), "
                  "Δ relative to std's value, p_holm: Holm-adjusted p of the report's test "
-                 "(radius: paired t over the subsets, Holm across one noise's scales; PFR: "
+                 "(radius: paired t over the subsets, Holm across one noise's scales; SmAcc: "
+                 "paired permutation over the inputs, Holm within the cell; PFR: "
                  "paired permutation over the inputs, Holm across the budgets; RobAcc: exact "
                  "McNemar over the inputs, Holm across the cell's ε and pairs); more_robust: the "
                  f"model p_holm < {LEVEL} favours", COLUMNS, tuple(rows))
@@ -162,6 +198,8 @@ PANELS = (("L2 radius", "certified radius R̄",
            tuple(s.symbol for s in SMOOTHINGS.values() if not s.hamming)),
           ("Hamming radius", "certified radius R̄",
            tuple(s.symbol for s in SMOOTHINGS.values() if s.hamming)),
+          ("accuracy under m flips", "smoothed accuracy SmAcc",
+           tuple(SMOOTHINGS[n].symbol for n in ACCURACY_NOISES)),
           ("flip rate", "flip rate PFR", tuple(BUDGET_SYMBOLS.values())),
           ("attack", "robust accuracy RobAcc", ("ε",)))
 _MARKERS = "osD^v<>p"
@@ -169,13 +207,13 @@ _MARKERS = "osD^v<>p"
 
 def figure_findings(table: Table | None, path: Path) -> Path | None:
     """The findings at a glance: Δ relative to std's value (%, with its 95 % t-interval) for
-    every world, budget and model, a panel per unit (`PANELS`: L2 radii, Hamming radii, flip
-    rates, robust accuracy under attack), a row per world and budget, a marker per compared
-    model, colour by perturbation type (`TYPE_COLOURS`), filled where Holm shows a difference
-    (``p_holm < LEVEL``), hollow where not. The sign is each measure's own: a radius or
-    robust-accuracy Δ > 0 favours std, a flip-rate Δ > 0 the other model. Rows whose std
-    value is 0 (no relative size) are left out of the figure, not of the table. None without a
-    plottable row."""
+    every world, budget and model, a panel per unit (`PANELS`: L2 radii, Hamming radii,
+    accuracy under m flips, flip rates, robust accuracy under attack), a row per world and
+    budget, a marker per compared model, colour by perturbation type (`TYPE_COLOURS`), filled
+    where Holm shows a difference (``p_holm < LEVEL``), hollow where not. The sign is each
+    measure's own: a radius or accuracy Δ > 0 favours std, a flip-rate Δ > 0 the other model.
+    Rows whose std value is 0 (no relative size) are left out of the figure, not of the table.
+    None without a plottable row."""
     if table is None:
         return None
     rows = _rows(table)
@@ -225,4 +263,5 @@ def figure_findings(table: Table | None, path: Path) -> Path | None:
     return save(fig, path)
 
 
-__all__ = ["LEVEL", "PANELS", "figure_findings", "findings_table", "more_robust", "t_interval"]
+__all__ = ["ACCURACY_NOISES", "LEVEL", "PANELS", "figure_findings", "findings_table",
+           "more_robust", "t_interval"]
