@@ -141,11 +141,26 @@ def test_findings_figure_has_a_panel_per_unit_and_fills_what_holm_shows(tmp_path
         return [(round(line.get_xdata()[0], 6), line.get_markerfacecolor() != "white")
                 for line in ax.get_lines() if line.get_marker() not in ("None", None, "")]
 
+    # Radii relative to std's radius (%); accuracies and flip rates in percentage points.
     assert markers(axes[0]) == [(round(100 * 0.01 / 0.08, 6), False)]
     assert markers(axes[1]) == [(round(100 * -0.5 / 1.25, 6), True)]
-    assert markers(axes[2]) == [(round(100 * -0.05 / 0.75, 6), True)]
-    assert sorted(markers(axes[3])) == [(-75.0, True), (16.0, True)]
-    assert markers(axes[4]) == [(50.0, True)]
+    assert markers(axes[2]) == [(-5.0, True)]
+    assert sorted(markers(axes[3])) == [(-30.0, True), (4.0, True)]
+    assert markers(axes[4]) == [(47.0, True)]
+    assert [ax.get_xlabel() for ax in axes] == [
+        "Δ / std's value (%); > 0 favours std", "Δ / std's value (%); > 0 favours std",
+        "Δ (percentage points); > 0 favours std",
+        "Δ (percentage points); > 0 favours the other model",
+        "Δ (percentage points); > 0 favours std"]
+
+    def intervals(ax):  # the interval lines: two points, no marker
+        return [x for line in ax.get_lines()
+                if line.get_marker() in ("None", None, "") and len(line.get_xdata()) == 2
+                and line.get_xdata()[0] != line.get_xdata()[1] for x in line.get_xdata()]
+
+    assert intervals(axes[0]) == pytest.approx(
+        [100 * v / 0.08 for v in t_interval(0.01, 0.02, 4)])
+    assert intervals(axes[2]) == pytest.approx([100 * v for v in t_interval(-0.05, 0.02, 4)])
 
 
 def test_no_findings_figure_without_a_relative_size(tmp_path):
@@ -154,3 +169,18 @@ def test_no_findings_figure_without_a_relative_size(tmp_path):
     assert figure_findings(None, tmp_path / "f.png") is None
     table = findings_table(_tables()[:1])  # radius tests without the subsets: no std value
     assert table is not None and figure_findings(table, tmp_path / "f.png") is None
+
+
+def test_flip_rates_are_drawn_in_points_even_where_std_never_flips(tmp_path, kept_figures):
+    """A flip rate of 0 for std has no relative size but a Δ in points: drawn, not dropped."""
+    from cbcert.report import findings as findings_module
+
+    tables = _tables()
+    perturb = tables[4]
+    tables[4] = Table(perturb.name, "", perturb.columns,
+                      tuple((*r[:-1], 0.0) for r in perturb.rows))
+    figures = kept_figures(findings_module)
+    assert findings_module.figure_findings(findings_table(tables), tmp_path / "f.png")
+    (figure,) = figures
+    (flip,) = [ax for ax in figure.axes if ax.get_title().startswith("flip rate")]
+    assert [t.get_text() for t in flip.get_yticklabels()] == ["w  ε=0.3", "w  τ=1"]

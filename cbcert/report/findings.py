@@ -193,73 +193,96 @@ def findings_table(tables: Sequence[Table]) -> Table | None:
 
 
 # The panels of `figure_findings`: one unit each (the smoothings' symbols by radius, the
-# flip-rate budgets' symbols).
+# flip-rate budgets' symbols) and its scale. Radii have no common size across σ, ρ and worlds, so
+# their Δ is drawn relative to std's radius ("relative", %); accuracies and flip rates are
+# already fractions of the inputs, so theirs is drawn in percentage points ("points"), which
+# stays readable where std's own value is near 0 (a relative Δ of a 0.015 flip rate reaches
+# −750 %).
 PANELS = (("L2 radius", "certified radius R̄",
-           tuple(s.symbol for s in SMOOTHINGS.values() if not s.hamming)),
+           tuple(s.symbol for s in SMOOTHINGS.values() if not s.hamming), "relative"),
           ("Hamming radius", "certified radius R̄",
-           tuple(s.symbol for s in SMOOTHINGS.values() if s.hamming)),
+           tuple(s.symbol for s in SMOOTHINGS.values() if s.hamming), "relative"),
           ("accuracy under m flips", "smoothed accuracy SmAcc",
-           tuple(SMOOTHINGS[n].symbol for n in ACCURACY_NOISES)),
-          ("flip rate", "flip rate PFR", tuple(BUDGET_SYMBOLS.values())),
-          ("attack", "robust accuracy RobAcc", ("ε",)))
+           tuple(SMOOTHINGS[n].symbol for n in ACCURACY_NOISES), "points"),
+          ("flip rate", "flip rate PFR", tuple(BUDGET_SYMBOLS.values()), "points"),
+          ("attack", "robust accuracy RobAcc", ("ε",), "points"))
 _MARKERS = "osD^v<>p"
 
 
+def _plotted(r: dict, scale: str) -> tuple[float, float | None, float | None] | None:
+    """``(Δ, interval low, interval high)`` of one findings row on its panel's scale: 100·Δ /
+    std's value (%) for ``"relative"``, 100·Δ (percentage points) for ``"points"``; None for a
+    relative row whose std value is 0 or missing (no relative size)."""
+    if r["delta"] is None:
+        return None
+    if scale == "relative":
+        if r["relative"] is None:
+            return None
+        factor = 100 / r["value_a"]
+    else:
+        factor = 100
+    low = None if r["ci_low"] is None else factor * r["ci_low"]
+    high = None if r["ci_high"] is None else factor * r["ci_high"]
+    return factor * r["delta"], low, high
+
+
 def figure_findings(table: Table | None, path: Path) -> Path | None:
-    """The findings at a glance: Δ relative to std's value (%, with its 95 % t-interval) for
-    every world, budget and model, a panel per unit (`PANELS`: L2 radii, Hamming radii,
-    accuracy under m flips, flip rates, robust accuracy under attack), a row per world and
-    budget, a marker per compared model, colour by perturbation type (`TYPE_COLOURS`), filled
-    where Holm shows a difference (``p_holm < LEVEL``), hollow where not. The sign is each
-    measure's own: a radius or accuracy Δ > 0 favours std, a flip-rate Δ > 0 the other model.
-    Rows whose std value is 0 (no relative size) are left out of the figure, not of the table.
-    None without a plottable row."""
+    """The findings at a glance: every world's, budget's and model's Δ with its 95 %
+    t-interval, a panel per unit (`PANELS`: L2 radii and Hamming radii relative to std's radius
+    in %, accuracy under m flips, flip rates and robust accuracy under attack in percentage
+    points), a row per world and budget, a marker per compared model, colour by perturbation
+    type (`TYPE_COLOURS`), filled where Holm shows a difference (``p_holm < LEVEL``), hollow
+    where not. The sign is each measure's own: a radius or accuracy Δ > 0 favours std, a
+    flip-rate Δ > 0 the other model. Radius rows whose std value is 0 (no relative size) are
+    left out of the figure, not of the table. None without a plottable row."""
     if table is None:
         return None
     rows = _rows(table)
     panels = []
-    for unit, measure, symbols in PANELS:
-        picked = [r for r in rows if r["measure"] == measure and r["relative"] is not None
-                  and r["budget"].split("=")[0] in symbols]
+    for unit, measure, symbols, scale in PANELS:
+        picked = [(r, xs) for r in rows if r["measure"] == measure
+                  and r["budget"].split("=")[0] in symbols
+                  and (xs := _plotted(r, scale)) is not None]
         if picked:
-            panels.append((unit, measure, picked))
+            panels.append((unit, measure, scale, picked))
     if not panels:
         return None
-    models = list(dict.fromkeys(r["model_b"] for _, _, picked in panels for r in picked))
-    height = max(len(dict.fromkeys((r["world"], r["budget"]) for r in p)) for _, _, p in panels)
+    models = list(dict.fromkeys(r["model_b"] for *_, picked in panels for r, _ in picked))
+    height = max(len(dict.fromkeys((r["world"], r["budget"]) for r, _ in p))
+                 for *_, p in panels)
     plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 1.2 + 0.28 * height),
                              squeeze=False)
-    for ax, (unit, measure, picked) in zip(axes[0], panels, strict=True):
-        labels = list(dict.fromkeys((r["world"], r["budget"]) for r in picked))
+    for ax, (unit, measure, scale, picked) in zip(axes[0], panels, strict=True):
+        labels = list(dict.fromkeys((r["world"], r["budget"]) for r, _ in picked))
         step = 0.7 / max(len(models), 1)
-        for r in picked:
+        for r, (x, low, high) in picked:
             j = models.index(r["model_b"])
             y = labels.index((r["world"], r["budget"])) + (j - (len(models) - 1) / 2) * step
             colour = TYPE_COLOURS[r["type"]]
-            x = 100 * r["relative"]
-            if r["ci_low"] is not None:
-                low, high = 100 * r["ci_low"] / r["value_a"], 100 * r["ci_high"] / r["value_a"]
+            if low is not None:
                 ax.plot([low, high], [y, y], color=colour, lw=1)
             shown = r["more_robust"] not in ("none shown", "untested")
             ax.plot([x], [y], marker=_MARKERS[j % len(_MARKERS)], ms=5, color=colour,
                     markerfacecolor=colour if shown else "white", linestyle="none")
         ax.axvline(0, color="0.4", lw=0.8)
         ax.set_yticks(range(len(labels)), [f"{w}  {b}" for w, b in labels], fontsize=7)
-        types = {(r["world"], r["budget"]): r["type"] for r in picked}
+        types = {(r["world"], r["budget"]): r["type"] for r, _ in picked}
         for tick, label in zip(ax.get_yticklabels(), labels, strict=True):
             tick.set_color(TYPE_COLOURS[types[label]])
         ax.set_ylim(len(labels) - 0.5, -0.5)
         sign = "the other model" if measure.startswith("flip rate") else "std"
-        ax.set_xlabel(f"Δ / std's value (%); > 0 favours {sign}", fontsize=8)
+        unit_text = "Δ / std's value (%)" if scale == "relative" else "Δ (percentage points)"
+        ax.set_xlabel(f"{unit_text}; > 0 favours {sign}", fontsize=8)
         ax.set_title(f"{unit}: {measure}", fontsize=9)
     handles = [plt.Line2D([], [], marker=_MARKERS[j % len(_MARKERS)], color="0.3",
                           linestyle="none", label=f"std vs {m}") for j, m in enumerate(models)]
     handles += [plt.Line2D([], [], marker="o", color="0.3", markerfacecolor="white",
                            linestyle="none", label=f"hollow: p_holm ≥ {LEVEL}")]
     axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
-    fig.suptitle("Findings: std against each model, Δ relative to std's value with its 95 % "
-                 "interval (colour: blue geometric, orange semantic)", fontsize=10)
+    fig.suptitle("Findings: std against each model, Δ with its 95 % interval (radii relative "
+                 "to std's, fractions in points; colour: blue geometric, orange semantic)",
+                 fontsize=10)
     return save(fig, path)
 
 
