@@ -181,7 +181,57 @@ def test_attack_tests_pair_each_input_of_the_records(run_dir, written):
         assert float(row["delta_mean"]) == robust["std"].mean() - robust["cbm"].mean()
         assert (int(row["a_only"]), int(row["b_only"])) == (test.a_only, test.b_only)
         assert float(row["p"]) == test.pvalue
+        clean = {m: np.array([r["clean_prediction"] == r["label"]
+                              for r in sorted(records, key=lambda r: r["index"])
+                              if r["model"] == m and r["eps"] == eps]) for m in ("std", "cbm")}
+        both = clean["std"] & clean["cbm"]
+        assert int(row["clean_both"]) == both.sum()
+        if both.any():
+            assert float(row["robust_a_clean"]) == robust["std"][both].mean()
+            assert float(row["p_clean"]) == stats.mcnemar_test(robust["std"][both],
+                                                               robust["cbm"][both]).pvalue
     assert [float(r["p_holm"]) for r in rows] == list(stats.holm([float(r["p"]) for r in rows]))
+
+
+def _attack_cell(tmp_path, outcomes):
+    """An attack cell of std and proto at one ε from ``{index: (std (clean ok, robust), proto
+    (clean ok, robust))}``; label 0, a wrong prediction is 1."""
+    records = []
+    for index, pair in outcomes.items():
+        for model, (clean_ok, robust) in zip(("std", "proto"), pair, strict=True):
+            records.append({"index": index, "model": model, "eps": 0.03, "label": 0,
+                            "clean_prediction": 0 if clean_ok else 1,
+                            "adversarial_prediction": 0 if robust else 1, "robust": robust})
+    (tmp_path / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = {"models": {m: {"budgets": [{"eps": 0.03}]} for m in ("std", "proto")}}
+    return cells.CellResult("attack-concept", "attack", {}, summary, tmp_path)
+
+
+def test_attack_tests_on_clean_inputs_leave_out_what_either_model_gets_wrong_unattacked(tmp_path):
+    # 6 inputs: proto misclassifies 0-2 unattacked (so never robust there); on 3-5 both are
+    # clean-correct and the attack fools std on 3, proto on 4 and 5.
+    outcomes = {0: ((True, True), (False, False)), 1: ((True, True), (False, False)),
+                2: ((True, True), (False, False)), 3: ((True, False), (True, True)),
+                4: ((True, True), (True, False)), 5: ((True, True), (True, False))}
+    (table,) = tables.attack_test_tables([_attack_cell(tmp_path, outcomes)])
+    (row,) = [dict(zip(table.columns, r, strict=True)) for r in table.rows]
+    # Over all inputs: std robust on 5 of 6, proto on 1 (input 3), all 6 discordant.
+    assert (row["inputs"], row["robust_a"], row["robust_b"]) == (6, 5 / 6, 1 / 6)
+    assert (row["a_only"], row["b_only"]) == (5, 1)
+    # On the 3 clean-for-both inputs: std survives 2, proto 1; discordant 2 against 1.
+    assert (row["clean_both"], row["robust_a_clean"], row["robust_b_clean"]) == (3, 2 / 3, 1 / 3)
+    assert (row["a_only_clean"], row["b_only_clean"]) == (2, 1)
+    test = stats.mcnemar_test(np.array([False, True, True]), np.array([True, False, False]))
+    assert row["delta_clean_mean"] == pytest.approx(1 / 3) and row["p_clean"] == test.pvalue
+    assert row["p_holm_clean"] == test.pvalue  # one conditional test in the cell
+
+
+def test_attack_tests_on_clean_inputs_are_empty_where_no_input_is_clean_for_both(tmp_path):
+    outcomes = {0: ((True, True), (False, False)), 1: ((False, False), (True, True))}
+    (table,) = tables.attack_test_tables([_attack_cell(tmp_path, outcomes)])
+    (row,) = [dict(zip(table.columns, r, strict=True)) for r in table.rows]
+    assert row["clean_both"] == 0 and row["p"] == 1.0
+    assert all(row[c] is None for c in table.columns[table.columns.index("clean_both") + 1:])
 
 
 def test_figures_are_pngs_and_absent_data_are_noted(run_dir, written):

@@ -7,7 +7,13 @@ import math
 import pytest
 import scipy.stats
 
-from cbcert.report.findings import COLUMNS, findings_table, more_robust, t_interval
+from cbcert.report.findings import (
+    CLEAN_ATTACK,
+    COLUMNS,
+    findings_table,
+    more_robust,
+    t_interval,
+)
 from cbcert.report.tables import Table
 
 
@@ -77,9 +83,12 @@ def _tables():
     attack_tests = Table("worlds_attack_tests", "",
                          ("world", "family", "cell", "eps", "model_a", "model_b", "inputs",
                           "robust_a", "robust_b", "delta_mean", "delta_sd", "a_only", "b_only",
-                          "p", "p_holm"),
+                          "p", "p_holm", "clean_both", "robust_a_clean", "robust_b_clean",
+                          "delta_clean_mean", "delta_clean_sd", "a_only_clean", "b_only_clean",
+                          "p_clean", "p_holm_clean"),
                          (("w", "f", "attack-concept", 0.03, "std", "proto", 200, 0.94, 0.47,
-                           0.47, 0.53, 97, 3, 2.6e-25, 1.1e-24),))
+                           0.47, 0.53, 97, 3, 2.6e-25, 1.1e-24, 100, 0.96, 0.90, 0.06, 0.31, 8,
+                           2, 0.11, 0.11),))
     return [radius, subsets, certification_tests, perturb_tests, perturb, attack_tests]
 
 
@@ -94,8 +103,9 @@ def test_findings_rows_come_from_the_reports_tests_in_reading_order():
         ("smoothed accuracy SmAcc", "m=2", "semantic"),
         ("flip rate PFR", "ε=0.3", "geometric"),
         ("flip rate PFR", "τ=1", "semantic"),
-        ("robust accuracy RobAcc", "ε=0.03 attack-concept", "semantic")]
-    sigma, rho, flips, accuracy, eps, tau, attack = rows
+        ("robust accuracy RobAcc", "ε=0.03 attack-concept", "semantic"),
+        (CLEAN_ATTACK, "ε=0.03 attack-concept", "semantic")]
+    sigma, rho, flips, accuracy, eps, tau, attack, clean = rows
     assert sigma["value_a"] == 0.08 and sigma["relative"] == pytest.approx(0.01 / 0.08)
     assert (sigma["ci_low"], sigma["ci_high"]) == pytest.approx(t_interval(0.01, 0.02, 4))
     assert sigma["ci_low"] < 0 < sigma["ci_high"] and sigma["more_robust"] == "none shown"
@@ -111,6 +121,11 @@ def test_findings_rows_come_from_the_reports_tests_in_reading_order():
     assert attack["more_robust"] == "std" and attack["value_a"] == 0.94
     assert (attack["ci_low"], attack["ci_high"]) == pytest.approx(t_interval(0.47, 0.53, 199))
     assert attack["relative"] == pytest.approx(0.47 / 0.94) and attack["subsets"] == 200
+    # On the 100 inputs both classify correctly unattacked the attack alone decides: no
+    # difference shown (Holm over the cell's conditional tests), interval over those inputs.
+    assert clean["value_a"] == 0.96 and clean["delta"] == 0.06 and clean["subsets"] == 100
+    assert (clean["ci_low"], clean["ci_high"]) == pytest.approx(t_interval(0.06, 0.31, 99))
+    assert clean["p_holm"] == 0.11 and clean["more_robust"] == "none shown"
 
 
 def test_no_findings_without_any_test():
@@ -128,14 +143,16 @@ def test_findings_figure_has_a_panel_per_unit_and_fills_what_holm_shows(tmp_path
                                                "Hamming radius: certified radius R̄",
                                                "accuracy under m flips: smoothed accuracy SmAcc",
                                                "flip rate: flip rate PFR",
-                                               "attack: robust accuracy RobAcc"]
+                                               "attack: robust accuracy RobAcc",
+                                               f"attack: {CLEAN_ATTACK}"]
     ticks = [[t.get_text() for t in ax.get_yticklabels()] for ax in axes]
     # ρ = 0.05 has no Δ (one usable subset): left out of the figure, kept in the table.
     assert ticks == [["w  σ=0.1"], ["w  m=2"], ["w  m=2"], ["w  ε=0.3", "w  τ=1"],
-                     ["w  ε=0.03 attack-concept"]]
+                     ["w  ε=0.03 attack-concept"], ["w  ε=0.03 attack-concept"]]
     # Tick colour: the row's perturbation type (geometric blue, semantic orange).
     assert [[t.get_color() for t in ax.get_yticklabels()] for ax in axes] == [
-        ["tab:blue"], ["tab:orange"], ["tab:orange"], ["tab:blue", "tab:orange"], ["tab:orange"]]
+        ["tab:blue"], ["tab:orange"], ["tab:orange"], ["tab:blue", "tab:orange"], ["tab:orange"],
+        ["tab:orange"]]
 
     def markers(ax):  # (x, filled) of each model's point; interval lines have no marker
         return [(round(line.get_xdata()[0], 6), line.get_markerfacecolor() != "white")
@@ -147,11 +164,12 @@ def test_findings_figure_has_a_panel_per_unit_and_fills_what_holm_shows(tmp_path
     assert markers(axes[2]) == [(-5.0, True)]
     assert sorted(markers(axes[3])) == [(-30.0, True), (4.0, True)]
     assert markers(axes[4]) == [(47.0, True)]
+    assert markers(axes[5]) == [(6.0, False)]
     assert [ax.get_xlabel() for ax in axes] == [
         "Δ / std's value (%); > 0 favours std", "Δ / std's value (%); > 0 favours std",
         "Δ (percentage points); > 0 favours std",
         "Δ (percentage points); > 0 favours the other model",
-        "Δ (percentage points); > 0 favours std"]
+        "Δ (percentage points); > 0 favours std", "Δ (percentage points); > 0 favours std"]
 
     def intervals(ax):  # the interval lines: two points, no marker
         return [x for line in ax.get_lines()

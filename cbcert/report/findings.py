@@ -17,7 +17,10 @@ report already runs — no new test, no new p-value:
   flips more, b is the more robust.
 * **robust accuracy** under APGD (`worlds_attack_tests`): ``Δ = RobAcc_std − RobAcc_b`` over
   the inputs both were attacked on; exact McNemar test over the inputs, Holm over the ε and
-  pairs of one attack cell. Δ > 0: std is the more robust.
+  pairs of one attack cell. Δ > 0: std is the more robust. Robust accuracy counts clean errors
+  as not robust, so each attack row is followed by the same test over the inputs both models
+  classify correctly unattacked (``RobAcc|clean``: 1 − the attack's success rate; Holm over
+  the cell's conditional tests), which isolates the attack.
 
 Added per row: the first model's value (``R̄_std``, ``SmAcc_std`` or ``PFR_std``, mean over
 subsets), the 95 %
@@ -27,7 +30,8 @@ model's value, and which model is shown the more robust: the one ``p_holm < 0.05
 ``none shown`` otherwise (``untested`` where the test has no p). For robust accuracy the
 interval is the same t-interval over the inputs' differences ``d_i ∈ {−1, 0, 1}`` (k = the
 inputs). Rows of the radius test run ``σ`` then ``ρ`` then ``m``, then the accuracies under m
-flips, then the flip rates by budget kind, then the attack cells.
+flips, then the flip rates by budget kind, then the attack cells, then the attack cells on
+the inputs clean for both.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ from cbcert.report.tables import Table
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
 LEVEL = 0.05
+# The attack measured where it alone decides: robust accuracy over the inputs both models
+# classify correctly unattacked (`attack_tests`' ``*_clean`` columns).
+CLEAN_ATTACK = "robust accuracy on clean inputs RobAcc|clean"
 # Noises under which no radius can be certified: the findings compare smoothed accuracy there.
 ACCURACY_NOISES = ("fixed",)
 COLUMNS = ("world", "family", "measure", "budget", "type", "model_a", "model_b", "value_a",
@@ -140,6 +147,14 @@ def _attack_rows(tests: list[dict]) -> list[tuple]:
         r = {**r, "df": None if r.get("inputs") is None else r["inputs"] - 1}
         out.append(_row(r, "robust accuracy RobAcc", budget, budget_type(budget), r["robust_a"],
                         "exact McNemar (inputs)", larger_is_robust=True))
+    for r in tests:
+        if not r.get("clean_both"):
+            continue
+        budget = f"ε={r['eps']:g} {r['cell']}"
+        r = {**r, "delta_mean": r["delta_clean_mean"], "delta_sd": r["delta_clean_sd"],
+             "df": r["clean_both"] - 1, "p_holm": r["p_holm_clean"]}
+        out.append(_row(r, CLEAN_ATTACK, budget, budget_type(budget), r["robust_a_clean"],
+                        "exact McNemar (inputs clean for both)", larger_is_robust=True))
     return out
 
 
@@ -188,7 +203,9 @@ def findings_table(tables: Sequence[Table]) -> Table | None:
                  "(radius: paired t over the subsets, Holm across one noise's scales; SmAcc: "
                  "paired permutation over the inputs, Holm within the cell; PFR: "
                  "paired permutation over the inputs, Holm across the budgets; RobAcc: exact "
-                 "McNemar over the inputs, Holm across the cell's ε and pairs); more_robust: the "
+                 "McNemar over the inputs, Holm across the cell's ε and pairs; RobAcc|clean: "
+                 "the same over the inputs both models classify correctly unattacked, Holm "
+                 "across the cell's conditional tests); more_robust: the "
                  f"model p_holm < {LEVEL} favours", COLUMNS, tuple(rows))
 
 
@@ -205,7 +222,8 @@ PANELS = (("L2 radius", "certified radius R̄",
           ("accuracy under m flips", "smoothed accuracy SmAcc",
            tuple(SMOOTHINGS[n].symbol for n in ACCURACY_NOISES), "points"),
           ("flip rate", "flip rate PFR", tuple(BUDGET_SYMBOLS.values()), "points"),
-          ("attack", "robust accuracy RobAcc", ("ε",), "points"))
+          ("attack", "robust accuracy RobAcc", ("ε",), "points"),
+          ("attack", CLEAN_ATTACK, ("ε",), "points"))
 _MARKERS = "osD^v<>p"
 
 
@@ -229,12 +247,13 @@ def _plotted(r: dict, scale: str) -> tuple[float, float | None, float | None] | 
 def figure_findings(table: Table | None, path: Path) -> Path | None:
     """The findings at a glance: every world's, budget's and model's Δ with its 95 %
     t-interval, a panel per unit (`PANELS`: L2 radii and Hamming radii relative to std's radius
-    in %, accuracy under m flips, flip rates and robust accuracy under attack in percentage
-    points), a row per world and budget, a marker per compared model, colour by perturbation
-    type (`TYPE_COLOURS`), filled where Holm shows a difference (``p_holm < LEVEL``), hollow
-    where not. The sign is each measure's own: a radius or accuracy Δ > 0 favours std, a
-    flip-rate Δ > 0 the other model. Radius rows whose std value is 0 (no relative size) are
-    left out of the figure, not of the table. None without a plottable row."""
+    in %, accuracy under m flips, flip rates and robust accuracy under attack, over all
+    attacked inputs and over those clean for both, in percentage points), a row per world and
+    budget, a marker per compared model, colour by perturbation type (`TYPE_COLOURS`), filled
+    where Holm shows a difference (``p_holm < LEVEL``), hollow where not. The sign is each
+    measure's own: a radius or accuracy Δ > 0 favours std, a flip-rate Δ > 0 the other model.
+    Radius rows whose std value is 0 (no relative size) are left out of the figure, not of the
+    table. None without a plottable row."""
     if table is None:
         return None
     rows = _rows(table)
@@ -286,5 +305,5 @@ def figure_findings(table: Table | None, path: Path) -> Path | None:
     return save(fig, path)
 
 
-__all__ = ["ACCURACY_NOISES", "LEVEL", "PANELS", "figure_findings", "findings_table",
-           "more_robust", "t_interval"]
+__all__ = ["ACCURACY_NOISES", "CLEAN_ATTACK", "LEVEL", "PANELS", "figure_findings",
+           "findings_table", "more_robust", "t_interval"]

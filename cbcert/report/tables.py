@@ -362,7 +362,15 @@ def attack_test_tables(cells: Sequence[CellResult]) -> list[Table]:
     Per input ``d_i = robust_a,i − robust_b,i ∈ {−1, 0, 1}`` (abstain counts as not robust, as
     in `attack_tables`); ``Δ = RobAcc_a − RobAcc_b = mean(d)``, its sd (``ddof=1``), the
     discordant counts, the exact McNemar p (`cbcert.robustness.stats.mcnemar_test`) and its
-    Holm correction over the cell's tests (every ε and pair). Read from each cell's records.
+    Holm correction over the cell's tests (every ε and pair).
+
+    Robust accuracy counts an input either model gets wrong unattacked as not robust, so Δ
+    mixes clean accuracy with the attack's effect. The ``*_clean`` columns isolate the attack:
+    the same test over the ``clean_both`` inputs both models classify correctly unattacked
+    (``clean_prediction = label`` for both), where robust means the prediction survived the
+    attack, so ``robust_a_clean = 1 −`` the attack's success rate on a; Holm over the cell's
+    conditional tests as their own family (empty where no input is clean for both). Read from
+    each cell's records.
     """
     rows = []
     for cell in cells:
@@ -374,23 +382,40 @@ def attack_test_tables(cells: Sequence[CellResult]) -> list[Table]:
             records = read_records(path, key=lambda r: (r["index"], r["model"], r["eps"]),
                                    repair=False)
             robust = {(r["model"], r["eps"], r["index"]): bool(r["robust"]) for r in records}
+            clean = {(r["model"], r["eps"], r["index"]): r["clean_prediction"] == r["label"]
+                     for r in records}
             part = []
             for b in cell.summary["models"][models[0]]["budgets"]:
                 eps = b["eps"]
                 inputs = sorted(i for (m, e, i) in robust if m == models[0] and e == eps)
                 first = np.array([robust[models[0], eps, i] for i in inputs])
+                first_clean = np.array([clean[models[0], eps, i] for i in inputs])
                 for other in models[1:]:
                     second = np.array([robust[other, eps, i] for i in inputs])
+                    both = first_clean & np.array([clean[other, eps, i] for i in inputs])
                     test = mcnemar_test(first, second)
-                    part.append([cell.name, eps, models[0], other, test.num_pairs,
-                                 float(first.mean()), float(second.mean()), test.mean, test.sd,
-                                 test.a_only, test.b_only, test.pvalue])
+                    row = [cell.name, eps, models[0], other, test.num_pairs,
+                           float(first.mean()), float(second.mean()), test.mean, test.sd,
+                           test.a_only, test.b_only, test.pvalue]
+                    if both.any():
+                        given = mcnemar_test(first[both], second[both])
+                        row += [int(both.sum()), float(first[both].mean()),
+                                float(second[both].mean()), given.mean, given.sd,
+                                given.a_only, given.b_only, given.pvalue]
+                    else:
+                        row += [0, *[None] * 7]
+                    part.append(row)
         except (RecordsError, KeyError, TypeError, ValueError) as err:
             raise DamagedFileError(f"{path}: {err} (the records do not match the summary's "
                                    "models and budgets; rerun the cell)") from None
         if part:
-            adjusted = holm(np.array([r[-1] for r in part]))
-            rows += [(*r, float(p)) for r, p in zip(part, adjusted, strict=True)]
+            adjusted = holm(np.array([r[11] for r in part]))
+            given = [j for j, r in enumerate(part) if r[-1] is not None]
+            adjusted_clean = dict(zip(given, holm(np.array([part[j][-1] for j in given])),
+                                      strict=True)) if given else {}
+            rows += [(*r[:12], float(p), *r[12:],
+                      None if j not in adjusted_clean else float(adjusted_clean[j]))
+                     for j, (r, p) in enumerate(zip(part, adjusted, strict=True))]
     if not rows:
         return []
     return [Table("attack_tests",
@@ -398,9 +423,14 @@ def attack_test_tables(cells: Sequence[CellResult]) -> list[Table]:
                   "RobAcc_a − RobAcc_b over the inputs both models were attacked on, sd of the "
                   "per-input differences; a_only, "
                   "b_only: inputs robust for that model only; p: exact McNemar test, p_holm: "
-                  "Holm over the cell's tests",
+                  "Holm over the cell's tests. *_clean: the same over the clean_both inputs both "
+                  "models classify correctly unattacked (robust: the prediction survived the "
+                  "attack), Holm over "
+                  "the cell's conditional tests",
                   ("cell", "eps", "model_a", "model_b", "inputs", "robust_a", "robust_b",
-                   "delta_mean", "delta_sd", "a_only", "b_only", "p", "p_holm"), tuple(rows))]
+                   "delta_mean", "delta_sd", "a_only", "b_only", "p", "p_holm", "clean_both",
+                   "robust_a_clean", "robust_b_clean", "delta_clean_mean", "delta_clean_sd",
+                   "a_only_clean", "b_only_clean", "p_clean", "p_holm_clean"), tuple(rows))]
 
 
 def _count(cells: Sequence[CellResult], kind: str) -> int:

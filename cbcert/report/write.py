@@ -11,7 +11,8 @@ separate from sampling) and writes into ``<run>/report/``:
   permutation test's p over inputs, the Holm-corrected p and SPEC §3's t-test;
 * ``attack.csv``: clean and robust accuracy per cell, model and ε; ``attack_tests.csv``: Δ =
   RobAcc_a − RobAcc_b per cell and ε over the same inputs, the exact McNemar p and its Holm
-  correction over the cell;
+  correction over the cell, and the same over the inputs both models classify correctly
+  unattacked (``*_clean``: the attack's effect without clean errors);
 * ``report.md`` with every table, and the figures (matplotlib, Agg): PFR vs ε and vs τ, certified
   accuracy vs radius per certification cell, SmAcc and ACR vs σ and vs ρ, the std-vs-cbm
   robustness-gap heatmap (positive = CBM more robust), CFR / DFS vs PFR, PFR vs σ and ρ (perturb
