@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -414,3 +415,32 @@ def test_nan_logits_stop_a_sweep_with_exit_2_naming_its_world(world, tmp_path, m
     output = " ".join(result.output.split())
     assert "CONFIG" in output and "NaN or inf logits" in output, output
     assert (tmp_path / "run" / sweep.MANIFEST).exists()
+
+
+def test_cell_costs_track_the_committed_paper_runs_times():
+    """`cell_cost` against the wall time the committed full-size paper run measured per cell
+    (`results/paper/default`, the records' ``seconds``: per input for certification, per input,
+    model and ε for attacks): every kind's time relative to the certification cells' is its cost
+    ratio within a factor 2, so `--shard` deals work, not counts. Before attacks were priced
+    at `APGD_STEP_PASSES` = 9 a vanilla attack cell cost 3× too little."""
+    root = Path(__file__).resolve().parent.parent
+    cells = {c.name: c for c in sweep.plan_cells(load_config(root / "configs" / "paper.yaml"))}
+
+    def seconds(name):  # the cell's measured seconds, scaled to all its records if unfinished
+        path = root / "results" / "paper" / name / "records.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        if cells[name].kind == "certify":
+            first = records[0]["model"]
+            return sum(r["seconds"] for r in records if r["model"] == first)
+        job = cells[name].job
+        expected = job.num_inputs * len(job.models) * len(job.eps)
+        return sum(r["seconds"] for r in records) * expected / len(records)
+
+    # The median over all ten: a few cells shared the machine with test runs (up to 6× slower).
+    certify = [n for n in cells if n.startswith("default/") and cells[n].kind == "certify"]
+    assert len(certify) == 10
+    unit = np.median([seconds(n) / sweep.cell_cost(cells[n]) for n in certify])
+    for name in ("default/attack-latent", "default/attack-concept",
+                 "default/attack-latent-smoothed-sigma0.1"):
+        ratio = seconds(name) / sweep.cell_cost(cells[name]) / unit
+        assert 0.5 < ratio < 2, f"{name}: measured/cost is {ratio:.2f}× the certification's"

@@ -18,6 +18,14 @@ from cbcert.runs.directory import LOCK, SUMMARY
 from cbcert.runs.lock import lock_holder
 from cbcert.schema import ConfigError
 
+# What one APGD step costs in batched forward passes: a forward and a backward pass (≈ 3
+# passes) on the attack's small batches, through a host loop, run at about a third of the
+# per-sample speed of the certification's large batches. Measured on the committed paper run
+# (`results/paper/default`, 2-core Intel VM): a certification cell took a median 660 s, a
+# vanilla attack cell 250 s and the smoothed latent attack 2.8 s per record
+# (`tests/test_runs_sweep.py` checks the costs against those times).
+APGD_STEP_PASSES = 9
+
 
 def cell_cost(cell) -> float:
     """Estimated work of a cell in network passes (generator + one classifier per model).
@@ -26,9 +34,9 @@ def cell_cost(cell) -> float:
     models (``(1 + H)`` passes). Perturbation: inputs × samples × budgets perturbed images plus
     the clean ones, ``(1 + H)`` passes each. Explain: inputs × (n0 + n sign samples, three
     views, k + 1 edits per model), ``(1 + H)`` passes. Attack: per input, model and ε,
-    restarts × iters APGD steps of a forward and backward pass (≈ 3 passes) through generator
-    and model, times ``eot`` when smoothed, plus PREDICT's n samples at the clean and
-    adversarial points. Only the ratios between cells matter (`assign_shards`).
+    restarts × iters APGD steps through generator and model (`APGD_STEP_PASSES` each), times
+    ``eot`` when smoothed, plus PREDICT's n samples at the clean and adversarial points. Only
+    the ratios between cells matter (`assign_shards`).
     """
     job = cell.job
     if cell.kind == "classes":
@@ -43,7 +51,7 @@ def cell_cost(cell) -> float:
     if cell.kind == "perturb":
         images = job.num_inputs * (job.samples * len(job.budgets) + 2)
         return float(images * (1 + heads))
-    steps = job.restarts * job.iters * 3 * 2 * (job.eot if job.smoothed else 1)
+    steps = job.restarts * job.iters * APGD_STEP_PASSES * 2 * (job.eot if job.smoothed else 1)
     predict = 2 * job.n * 2 if job.smoothed else 2
     return float(job.num_inputs * len(job.eps) * heads * (steps + predict))
 
@@ -124,5 +132,5 @@ def sweep_status(out: str | Path, cells: Sequence,
     return tuple(result)
 
 
-__all__ = ["CellStatus", "assign_shards", "cell_cost", "check_shard", "shard_cells",
-           "sweep_status"]
+__all__ = ["APGD_STEP_PASSES", "CellStatus", "assign_shards", "cell_cost", "check_shard",
+           "shard_cells", "sweep_status"]
