@@ -333,6 +333,63 @@ def test_cli_multi_world_loads_each_world_and_refuses_world_flag(world, tmp_path
     assert (out / "b" / "classes" / SUMMARY).is_file()
 
 
+def test_select_cells_matches_shell_patterns_in_plan_order(tmp_path):
+    path, cfg = _config(tmp_path, MULTI)
+    cells = sweep.plan_cells(cfg, sweep.sections_in_file(path))
+    names = lambda picked: [c.name for c in picked]  # noqa: E731
+    assert names(sweep.select_cells(cells, ())) == names(cells)
+    assert names(sweep.select_cells(cells, ("b/*",))) == ["b/latent-sigma0.5", "b/classes"]
+    # Several patterns: their union, in the plan's order, each cell once.
+    assert names(sweep.select_cells(cells, ("*/classes", "default/*"))) == [
+        "default/latent-sigma0.25", "default/latent-sigma0.5", "default/classes", "b/classes"]
+    with pytest.raises(ConfigError, match="'B/\\*': matches no cell") as err:
+        sweep.select_cells(cells, ("default/*", "B/*"))  # case-sensitive
+    assert err.value.key == "cells" and "default/latent-sigma0.25" in err.value.detail
+
+
+def test_only_runs_the_selected_cells_and_a_full_run_resumes_the_rest(world, tmp_path):
+    """``only``: one world first, into the sweep's own directory and manifest; the whole
+    sweep later skips those cells and runs the others, with the summaries a plain sweep
+    writes."""
+    path, cfg = _config(tmp_path, MULTI)
+    sections = sweep.sections_in_file(path)
+    cells = sweep.plan_cells(cfg, sections)
+    out = tmp_path / "run"
+    first = sweep.run_sweep(cfg, out, sections=sections, load_world=lambda preset: world,
+                            only=("b/*",))
+    assert set(first) == {"b/latent-sigma0.5", "b/classes"}
+    states = {s.name: s.state for s in sweep.sweep_status(out, cells)}
+    assert states == {c.name: "done" if c.world == "b" else "missing" for c in cells}
+    assert [c["name"] for c in json.loads((out / sweep.MANIFEST).read_text())["cells"]] == \
+        [c.name for c in cells]
+    start = sessions.starts(out)
+    assert start[-1]["only"] == ["b/*"] and start[-1]["cells"] == 2
+    rest = sweep.run_sweep(cfg, out, sections=sections, load_world=lambda preset: world)
+    plain = tmp_path / "plain"
+    sweep.run_sweep(cfg, plain, sections=sections, load_world=lambda preset: world)
+    names = [c.name for c in cells]
+    assert set(rest) == set(names)  # the b cells resume as finished: nothing sampled again
+    assert _summaries(out, names) == _summaries(plain, names)
+
+
+def test_cli_cells_flag_selects_runs_and_status_and_names_a_bad_pattern(world, tmp_path,
+                                                                       monkeypatch):
+    path, _ = _config(tmp_path, MULTI)
+    monkeypatch.setattr("cbcert.cli.common.load_world", lambda name, **_: world)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--cells", "c/*"])
+    assert result.exit_code == 2 and "--cells" in result.output
+    assert "'c/*' matches no cell" in result.output and not out.exists()
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--cells",
+                                       "*/classes"])
+    assert result.exit_code == 0, result.output
+    assert "--cells */classes finished (2 of 5 cells)" in " ".join(result.output.split())
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--status",
+                                       "--cells", "default/*"])
+    assert result.exit_code == 0 and "b/classes" not in result.output
+    assert "1 done, 0 running, 2 missing" in result.output
+
+
 EXPLAIN = """\
 preset: smoke
 name: ex

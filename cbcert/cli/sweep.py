@@ -41,12 +41,16 @@ def _any_world(name: str):
 @click.option("--shard", metavar="I/N", default=None,
               help="Run only shard I of N (0 <= I < N): cells dealt evenly by estimated cost, "
                    "the same on every machine; shards may run at once into one --out.")
+@click.option("--cells", "patterns", multiple=True, metavar="PATTERN",
+              help="Run only the cells whose name matches PATTERN (shell-style: 'saturated/*' "
+                   "is one world, '*/attack-*' every world's attacks; repeatable); the others "
+                   "stay as they are and a later run without --cells resumes them.")
 @click.option("--status", is_flag=True,
               help="Run nothing: list every cell as done, running (and where) or missing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no per-cell lines.")
 @distributed_options
 def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard: str | None,
-              status: bool, quiet: bool) -> None:
+              patterns: tuple[str, ...], status: bool, quiet: bool) -> None:
     """Run every cell of an experiment config into OUT/<cell>/ and write OUT/manifest.json.
 
     Cells: one certification per σ (latent) and per ρ and fixed flip count m (concept), one
@@ -57,7 +61,8 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
 
     Example: certify sweep configs/reference.yaml --out results/reference
     (add --world <dir> to run the same cells on a world from real parts; --shard I/N on each
-    of N machines sharing the directory; --status to see where a sweep stands).
+    of N machines sharing the directory; --cells 'saturated/*' to run one world's cells first;
+    --status to see where a sweep stands).
     """
     from cbcert.engine.validity import NonFiniteError
     from cbcert.runs import sweep
@@ -71,13 +76,17 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
     except ConfigError as err:
         raise click.BadParameter(str(err), param_hint="CONFIG") from None
     part = _shard(shard, sweep)
+    try:
+        selected = sweep.select_cells(cells, patterns)
+    except ConfigError as err:
+        raise click.BadParameter(f"{err.value!r} {err.detail}", param_hint="--cells") from None
     if world_name is not None and config.worlds:
         raise click.BadParameter(f"{config_path} lists {len(config.worlds)} worlds (key "
                                  "'worlds'); --world replaces the world of a single-world "
                                  "config only", param_hint="--world")
     out = out or Path("results") / config_path.stem
     if status:
-        _print_status(sweep, out, cells, part)
+        _print_status(sweep, out, cells, part, {c.name for c in selected})
         return
     out = common.writable_out(out)
 
@@ -98,7 +107,7 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
             else:
                 load = lambda _: common.load_world(world_name)  # noqa: E731
             sweep.run_sweep(config, out, sections=sections, load_world=load,
-                            progress=progress, on_cell=done, shard=part)
+                            progress=progress, on_cell=done, shard=part, only=patterns)
     except RunDirError as err:
         raise click.BadParameter(str(err), param_hint="--out") from None
     except PoolTooSmallError as err:
@@ -110,11 +119,13 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
         where = "--world" if world_name is not None else "CONFIG (its world)"
         raise click.BadParameter(f"{err}; the cells finished before are kept in {out}",
                                  param_hint=where) from None
-    if not quiet and part is not None:
-        mine = len(sweep.shard_cells(cells, *part))
-        common.console.print(f"shard {part[0]}/{part[1]} finished ({mine} of {len(cells)} "
-                             f"cells); certify sweep {config_path} --out {out} --status "
-                             "shows the others")
+    if not quiet and (part is not None or patterns):
+        mine = sweep.shard_cells(cells, *part) if part is not None else cells
+        mine = [c for c in mine if c in selected]
+        what = " and ".join(([f"shard {part[0]}/{part[1]}"] if part is not None else [])
+                            + ([f"--cells {' '.join(patterns)}"] if patterns else []))
+        common.console.print(f"{what} finished ({len(mine)} of {len(cells)} cells); certify "
+                             f"sweep {config_path} --out {out} --status shows the others")
     elif not quiet:
         common.console.print(f"sweep finished; manifest in {out / MANIFEST}; "
                              f"tables and figures: certify report {out}")
@@ -135,13 +146,16 @@ def _shard(value: str | None, sweep) -> tuple[int, int] | None:
     return part
 
 
-def _print_status(sweep, out: Path, cells, part: tuple[int, int] | None) -> None:
-    """The table of `sweep.sweep_status` (one shard's cells with --shard)."""
+def _print_status(sweep, out: Path, cells, part: tuple[int, int] | None,
+                  selected: set[str]) -> None:
+    """The table of `sweep.sweep_status` (one shard's cells with --shard, the ``selected``
+    names only with --cells)."""
     from rich.table import Table
 
     states = sweep.sweep_status(out, cells, part[1] if part else None)
     if part is not None:
         states = [s for s in states if s.shard == part[0]]
+    states = [s for s in states if s.name in selected]
     table = Table(title=f"sweep {out}" + (f", shard {part[0]}/{part[1]}" if part else ""))
     for column in ("cell", "state", *(("shard",) if part else ()), "detail"):
         table.add_column(column)

@@ -9,6 +9,7 @@ directory (``similar5/latent-sigma0.1``) in a multi-world sweep; costs and state
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,26 @@ def shard_cells(cells: Sequence, index: int, count: int) -> tuple:
     return tuple(c for c, s in zip(cells, assign_shards(cells, count), strict=True) if s == index)
 
 
+def select_cells(cells: Sequence, patterns: Sequence[str]) -> tuple:
+    """The cells whose name matches any of the shell-style ``patterns`` (``*``, ``?``, ``[…]``,
+    case-sensitive, `fnmatch.fnmatchcase`), in plan order: ``saturated/*`` is one world of a
+    multi-world sweep, ``*/attack-*`` every world's attacks. No pattern: every cell.
+
+    Raises `ConfigError` (key ``cells``) naming a pattern that matches no cell, with some of
+    the names it could have matched.
+    """
+    if not patterns:
+        return tuple(cells)
+    names = [c.name for c in cells]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            shown = ", ".join(names[:6]) + (f", … ({len(names)} cells)" if len(names) > 6 else "")
+            detail = f"matches no cell of this sweep; its cells are {shown}"
+            raise ConfigError(f"cells={pattern!r}: {detail}", key="cells", value=pattern,
+                              detail=detail)
+    return tuple(c for c in cells if any(fnmatch.fnmatchcase(c.name, p) for p in patterns))
+
+
 @dataclass(frozen=True)
 class CellStatus:
     """Where a cell of a sweep stands (`sweep_status`).
@@ -133,4 +154,4 @@ def sweep_status(out: str | Path, cells: Sequence,
 
 
 __all__ = ["APGD_STEP_PASSES", "CellStatus", "assign_shards", "cell_cost", "check_shard",
-           "shard_cells", "sweep_status"]
+           "select_cells", "shard_cells", "sweep_status"]

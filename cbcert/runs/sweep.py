@@ -79,6 +79,7 @@ from cbcert.runs.shards import (
     assign_shards,
     cell_cost,
     check_shard,
+    select_cells,
     shard_cells,
     sweep_status,
 )
@@ -328,8 +329,10 @@ def run_sweep(
     progress: Callable[[str], Callable[[int, int], None] | None] | None = None,
     on_cell: Callable[[Cell, Any], None] | None = None,
     shard: tuple[int, int] | None = None,
+    only: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run every cell of ``config`` (or of one shard) into ``<out>/<cell>/``; rerunning resumes.
+    """Run every cell of ``config`` (or of one shard, or those ``only`` names) into
+    ``<out>/<cell>/``; rerunning resumes.
 
     Args:
       config: the experiment.
@@ -345,6 +348,11 @@ def run_sweep(
       shard: ``(i, n)``: run only the cells `assign_shards` gives shard i of n, without
         locking ``out`` itself (each cell is locked by its runner), so that the other shards
         can run into the same ``out`` at the same time.
+      only: shell-style patterns of cell names (`select_cells`): run only the matching cells
+        (of the shard, with ``shard``), leaving the others as they are. The manifest is the
+        whole sweep's, so a later run without ``only`` resumes into the same ``out``. Like a
+        shard it does not lock ``out`` (each cell is locked by its runner): two selections
+        may run into one ``out`` at once.
 
     Returns:
       ``{cell name: summary dict}`` of the cells run (each `RunSummary`'s ``summary``).
@@ -358,7 +366,9 @@ def run_sweep(
     """
     out = Path(out)
     cells = plan_cells(config, sections)
-    mine = cells if shard is None else shard_cells(cells, *shard)
+    chosen = {c.name for c in select_cells(cells, only)}
+    mine = [c for c in (cells if shard is None else shard_cells(cells, *shard))
+            if c.name in chosen]
     entries = {e.name: config.for_world(e) for e in config.worlds}
     if entries:
         worlds = {name: load_world(c.world.preset) for name, c in entries.items()}
@@ -371,11 +381,12 @@ def run_sweep(
         worlds = {None: load_world(config.world.preset)}
         check_cells(cells, worlds[None])
     check_writable(out)
-    with hold(out) if shard is None else contextlib.nullcontext():
+    with hold(out) if shard is None and not only else contextlib.nullcontext():
         meta = manifest(config, cells, worlds if entries else worlds[None])
         # A multi-host job: every process sweeps the same cells (each cell's runner then
         # checks its own settings and world before sampling).
-        peers.check({"sweep": {k: meta[k] for k in PINNED}, "shard": shard})
+        peers.check({"sweep": {k: meta[k] for k in PINNED}, "shard": shard,
+                     "only": list(only)})
         _write_manifest(out, meta)
         for name, own in entries.items():
             own_cells = [replace(c, name=c.name.split("/", 1)[1], world=None)
@@ -384,7 +395,8 @@ def run_sweep(
         summaries = {}
         sessions.log(out, "start", git_revision=meta["git_revision"],
                      versions=meta["versions"], machine=describe_machine(),
-                     shard=list(shard) if shard else None, cells=len(mine))
+                     shard=list(shard) if shard else None, cells=len(mine),
+                     **({"only": list(only)} if only else {}))
         try:
             for cell in mine:
                 callback = progress(cell.name) if progress else None
@@ -407,5 +419,5 @@ __all__ = [
     "DEFAULT_SECTIONS", "PINNED", "SECTIONS", "Cell", "CellStatus", "assign_shards",
     "cell_cost", "check_cells",
     "check_shard", "git_revision", "manifest", "plan_cells", "run_sweep", "sections_in_file",
-    "shard_cells", "sweep_status",
+    "select_cells", "shard_cells", "sweep_status",
 ]
