@@ -167,6 +167,42 @@ def test_a_stopped_sweep_logs_what_it_finished(world, tmp_path, monkeypatch):
     assert log[1]["finished"] == ["latent-sigma0.25"]
 
 
+def test_cli_sweep_stopped_by_sigterm_logs_it_keeps_the_cells_and_resumes(world, tmp_path,
+                                                                          monkeypatch):
+    """SIGTERM (kill, a scheduler's preemption) in the second cell: exit 143 with a message,
+    `stopped` logged with the reason and the finished cell, the directory's lock released (the
+    rerun is not refused), the rerun finishing the sweep; the old handler is back after."""
+    import os
+    import signal
+
+    path, _ = _config(tmp_path)
+    out = tmp_path / "run"
+    monkeypatch.setattr("cbcert.cli.sweep._sweep_world", lambda preset: world)
+    calls = []
+    real = sweep.certify_runner.run
+
+    def run(world_, job, cell_out, progress=None):
+        calls.append(cell_out.name)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(world_, job, cell_out, progress=progress)
+
+    monkeypatch.setattr(sweep.certify_runner, "run", run)
+    before = signal.getsignal(signal.SIGTERM)
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--quiet"])
+    assert result.exit_code == 128 + signal.SIGTERM, result.output
+    assert "Stopped by SIGTERM" in result.output and "rerun the same command" in result.output
+    assert signal.getsignal(signal.SIGTERM) is before
+    log = [json.loads(line) for line in (out / sessions.SESSIONS).read_text().splitlines()]
+    assert [e["event"] for e in log] == ["start", "stopped"]
+    assert log[1]["reason"] == "Terminated" and log[1]["finished"] == ["latent-sigma0.25"]
+    assert (out / "latent-sigma0.25" / SUMMARY).is_file()
+    assert not (out / "latent-sigma0.5" / SUMMARY).exists()
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert (out / "latent-sigma0.5" / SUMMARY).is_file()
+
+
 def test_other_config_into_same_out_is_refused(world, tmp_path):
     _, cfg = _config(tmp_path, TINY.replace("sigmas: [0.25, 0.5]", "sigmas: [0.5]"))
     out = tmp_path / "run"

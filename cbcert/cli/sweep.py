@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
+import threading
 from pathlib import Path
 
 import click
@@ -11,6 +15,33 @@ from cbcert.cli.distributed import distributed_options
 from cbcert.cli.progress import bars
 from cbcert.runs.directory import MANIFEST, RunDirError
 from cbcert.schema import ConfigError
+
+# Exit status after SIGTERM: 128 + the signal's number, as a shell reports a process it killed.
+TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (``kill``, a scheduler's preemption or time limit). Raised in the main
+    thread and not an `Exception`, so it unwinds like Ctrl-C: each cell's runner closes its
+    records and lock, and the sweep logs ``stopped`` in ``sessions.jsonl``."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """While inside: SIGTERM raises `Terminated` in the main thread (the previous handler is
+    restored after). Outside the main thread (where Python cannot set handlers) a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _sweep_world(preset: str):
@@ -99,7 +130,7 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
             common.console.print(f"{cell.name}: done, records and summary in {out / cell.name}/")
 
     try:
-        with bars(quiet, unit="units") as progress:
+        with _sigterm_unwinds(), bars(quiet, unit="units") as progress:
             if config.worlds:
                 load = _any_world
             elif world_name is None:
@@ -108,6 +139,10 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
                 load = lambda _: common.load_world(world_name)  # noqa: E731
             sweep.run_sweep(config, out, sections=sections, load_world=load,
                             progress=progress, on_cell=done, shard=part, only=patterns)
+    except Terminated:
+        click.echo(f"Stopped by SIGTERM: the finished cells and every record written are kept "
+                   f"in {out}; rerun the same command to resume.", err=True)
+        sys.exit(TERMINATED_EXIT_CODE)
     except RunDirError as err:
         raise click.BadParameter(str(err), param_hint="--out") from None
     except PoolTooSmallError as err:
