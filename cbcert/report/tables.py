@@ -14,12 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from cbcert.certify.smoothing import smoothing
 from cbcert.report.cells import CellResult, DamagedFileError
+from cbcert.robustness.attacks import FIELDS as ATTACK_TEST_FIELDS
+from cbcert.robustness.attacks import paired_attack_tests
 from cbcert.robustness.certification import radius_of_correct_by_subset, radius_tests
-from cbcert.robustness.stats import holm, mcnemar_test
 from cbcert.runs.directory import RECORDS, RecordsError, read_records
 from cbcert.schema import value_name
 
@@ -356,22 +355,11 @@ def _num(value: float | None) -> str:
 
 
 def attack_test_tables(cells: Sequence[CellResult]) -> list[Table]:
-    """Paired tests of robust accuracy: in every attack cell, the first model against each
-    other at each ε, over the inputs both were attacked on (the same inputs for every model).
-
-    Per input ``d_i = robust_a,i − robust_b,i ∈ {−1, 0, 1}`` (abstain counts as not robust, as
-    in `attack_tables`); ``Δ = RobAcc_a − RobAcc_b = mean(d)``, its sd (``ddof=1``), the
-    discordant counts, the exact McNemar p (`cbcert.robustness.stats.mcnemar_test`) and its
-    Holm correction over the cell's tests (every ε and pair).
-
-    Robust accuracy counts an input either model gets wrong unattacked as not robust, so Δ
-    mixes clean accuracy with the attack's effect. The ``*_clean`` columns isolate the attack:
-    the same test over the ``clean_both`` inputs both models classify correctly unattacked
-    (``clean_prediction = label`` for both), where robust means the prediction survived the
-    attack, so ``robust_a_clean = 1 −`` the attack's success rate on a; Holm over the cell's
-    conditional tests as their own family (empty where no input is clean for both). Read from
-    each cell's records.
-    """
+    """Paired tests of robust accuracy (`cbcert.robustness.attacks.paired_attack_tests`): in
+    every attack cell, the first model against each other at each ε over the inputs both were
+    attacked on, then over the inputs both classify correctly unattacked (``*_clean``), each
+    family Holm-corrected over the cell. Read from each cell's records (robust: ``robust``;
+    clean: ``clean_prediction = label``)."""
     rows = []
     for cell in cells:
         if cell.kind != "attack" or cell.path is None:
@@ -381,56 +369,29 @@ def attack_test_tables(cells: Sequence[CellResult]) -> list[Table]:
         try:
             records = read_records(path, key=lambda r: (r["index"], r["model"], r["eps"]),
                                    repair=False)
-            robust = {(r["model"], r["eps"], r["index"]): bool(r["robust"]) for r in records}
-            clean = {(r["model"], r["eps"], r["index"]): r["clean_prediction"] == r["label"]
-                     for r in records}
-            part = []
+            by_key = {(r["model"], r["eps"], r["index"]): r for r in records}
+            budgets = []
             for b in cell.summary["models"][models[0]]["budgets"]:
-                eps = b["eps"]
-                inputs = sorted(i for (m, e, i) in robust if m == models[0] and e == eps)
-                first = np.array([robust[models[0], eps, i] for i in inputs])
-                first_clean = np.array([clean[models[0], eps, i] for i in inputs])
-                for other in models[1:]:
-                    second = np.array([robust[other, eps, i] for i in inputs])
-                    both = first_clean & np.array([clean[other, eps, i] for i in inputs])
-                    test = mcnemar_test(first, second)
-                    row = [cell.name, eps, models[0], other, test.num_pairs,
-                           float(first.mean()), float(second.mean()), test.mean, test.sd,
-                           test.a_only, test.b_only, test.pvalue]
-                    if both.any():
-                        given = mcnemar_test(first[both], second[both])
-                        row += [int(both.sum()), float(first[both].mean()),
-                                float(second[both].mean()), given.mean, given.sd,
-                                given.a_only, given.b_only, given.pvalue]
-                    else:
-                        row += [0, *[None] * 7]
-                    part.append(row)
+                inputs = sorted(i for (m, e, i) in by_key if m == models[0] and e == b["eps"])
+                got = {m: [by_key[m, b["eps"], i] for i in inputs] for m in models}
+                budgets.append((b["eps"], {m: [bool(r["robust"]) for r in got[m]] for m in models},
+                                {m: [r["clean_prediction"] == r["label"] for r in got[m]]
+                                 for m in models}))
+            tests = paired_attack_tests(budgets, models)
         except (RecordsError, KeyError, TypeError, ValueError) as err:
             raise DamagedFileError(f"{path}: {err} (the records do not match the summary's "
                                    "models and budgets; rerun the cell)") from None
-        if part:
-            adjusted = holm(np.array([r[11] for r in part]))
-            given = [j for j, r in enumerate(part) if r[-1] is not None]
-            adjusted_clean = dict(zip(given, holm(np.array([part[j][-1] for j in given])),
-                                      strict=True)) if given else {}
-            rows += [(*r[:12], float(p), *r[12:],
-                      None if j not in adjusted_clean else float(adjusted_clean[j]))
-                     for j, (r, p) in enumerate(zip(part, adjusted, strict=True))]
+        rows += [(cell.name, *(t[k] for k in ATTACK_TEST_FIELDS)) for t in tests]
     if not rows:
         return []
     return [Table("attack_tests",
                   "Paired tests of robust accuracy: robust_a, robust_b: RobAcc of each model, Δ = "
                   "RobAcc_a − RobAcc_b over the inputs both models were attacked on, sd of the "
-                  "per-input differences; a_only, "
-                  "b_only: inputs robust for that model only; p: exact McNemar test, p_holm: "
-                  "Holm over the cell's tests. *_clean: the same over the clean_both inputs both "
-                  "models classify correctly unattacked (robust: the prediction survived the "
-                  "attack), Holm over "
-                  "the cell's conditional tests",
-                  ("cell", "eps", "model_a", "model_b", "inputs", "robust_a", "robust_b",
-                   "delta_mean", "delta_sd", "a_only", "b_only", "p", "p_holm", "clean_both",
-                   "robust_a_clean", "robust_b_clean", "delta_clean_mean", "delta_clean_sd",
-                   "a_only_clean", "b_only_clean", "p_clean", "p_holm_clean"), tuple(rows))]
+                  "per-input differences; a_only, b_only: inputs robust for that model only; p: "
+                  "exact McNemar test, p_holm: Holm over the cell's tests. *_clean: the same over "
+                  "the clean_both inputs both models classify correctly unattacked (robust: the "
+                  "prediction survived the attack), Holm over the cell's conditional tests",
+                  ("cell", *ATTACK_TEST_FIELDS), tuple(rows))]
 
 
 def _count(cells: Sequence[CellResult], kind: str) -> int:

@@ -1,6 +1,7 @@
 """What machine a run ran on: the CPU model and the instruction sets that change its float bits
 or its speed (AVX-512 rounds some float32 sums differently from AVX2; AMX and AVX512-BF16 are
-what bf16 needs), the logical CPUs and the platform.
+what bf16 needs), the logical CPUs and the platform; and which revision of cbcert ran
+(`git_revision`).
 
 A run that spans sessions may span machines (a sweep resumed elsewhere); `cbcert.runs.sweep`
 logs this description once per session, so every record can be traced to the machine and
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from pathlib import Path
 
 # The ISA flags that matter to cbcert's numbers and speed, in the order they are reported.
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
@@ -37,4 +39,15 @@ def describe() -> dict:
             "platform": platform.platform()}
 
 
-__all__ = ["ISA_FLAGS", "cpu_description", "describe"]
+def git_revision() -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding this package, or None outside git."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+            text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None
+
+
+__all__ = ["ISA_FLAGS", "cpu_description", "describe", "git_revision"]

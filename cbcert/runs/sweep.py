@@ -46,7 +46,6 @@ revision, on which machine, and which cells were complete when it left.
 from __future__ import annotations
 
 import contextlib
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -74,6 +73,7 @@ from cbcert.runs.directory import (
 )
 from cbcert.runs.lock import hold
 from cbcert.runs.machine import describe as describe_machine
+from cbcert.runs.machine import git_revision
 from cbcert.runs.shards import (
     CellStatus,
     assign_shards,
@@ -253,17 +253,6 @@ def check_cells(cells: Sequence[Cell], world) -> None:
                 explanations.check(world, cell.job.models)
             except ConfigError as error:
                 raise ConfigError(f"section '{section}', key 'explain': {error}") from None
-
-
-def git_revision() -> str | None:
-    """``git rev-parse HEAD`` of the checkout holding this package, or None outside git."""
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-            text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout.strip() or None
 
 
 def manifest(config: ExperimentConfig, cells: Sequence[Cell], world) -> dict[str, Any]:
