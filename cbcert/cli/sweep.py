@@ -137,8 +137,9 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
                 load = _sweep_world
             else:
                 load = lambda _: common.load_world(world_name)  # noqa: E731
-            sweep.run_sweep(config, out, sections=sections, load_world=load,
-                            progress=progress, on_cell=done, shard=part, only=patterns)
+            visited = sweep.run_sweep(config, out, sections=sections, load_world=load,
+                                      progress=progress, on_cell=done, shard=part,
+                                      only=patterns)
     except Terminated:
         click.echo(f"Stopped by SIGTERM: the finished cells and every record written are kept "
                    f"in {out}; rerun the same command to resume.", err=True)
@@ -155,11 +156,9 @@ def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard
         raise click.BadParameter(f"{err}; the cells finished before are kept in {out}",
                                  param_hint=where) from None
     if not quiet and (part is not None or patterns):
-        mine = sweep.shard_cells(cells, *part) if part is not None else cells
-        mine = [c for c in mine if c in selected]
         what = " and ".join(([f"shard {part[0]}/{part[1]}"] if part is not None else [])
                             + ([f"--cells {' '.join(patterns)}"] if patterns else []))
-        common.console.print(f"{what} finished ({len(mine)} of {len(cells)} cells); certify "
+        common.console.print(f"{what} finished ({len(visited)} of {len(cells)} cells); certify "
                              f"sweep {config_path} --out {out} --status shows the others")
     elif not quiet:
         common.console.print(f"sweep finished; manifest in {out / MANIFEST}; "
