@@ -1,6 +1,7 @@
 """Sweeps: config → cells, manifest, resumption after an interrupted cell, config errors."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -133,10 +134,14 @@ def test_resume_after_interrupted_cell_gives_identical_summaries(world, tmp_path
     assert records.read_text().splitlines(keepends=True)[:2] == lines[:2]
     assert len(records.read_text().splitlines()) == len(lines)
 
-    # Both sessions logged: start (revision, versions, machine) and end (the cells finished).
+    # Both sessions logged: start (revision, versions, machine), the wall time of each cell
+    # the session worked on (the second resumed the torn cell only), end (the cells finished).
     log = [json.loads(line) for line in (out / sessions.SESSIONS).read_text().splitlines()]
-    assert [e["event"] for e in log] == ["start", "end", "start", "end"]
-    for start, end in (log[:2], log[2:]):
+    assert [e["event"] for e in log] == ["start", "cell", "cell", "end", "start", "cell", "end"]
+    assert [(e["cell"], e["state"]) for e in log if e["event"] == "cell"] == [
+        (cells[0], "done"), (cells[1], "done"), (cells[0], "done")]
+    assert all(e["seconds"] >= 0 for e in log if e["event"] == "cell")
+    for start, end in ((log[0], log[3]), (log[4], log[6])):
         assert start["git_revision"] == manifest["git_revision"] and start["cells"] == 2
         assert start["versions"] == manifest["versions"] and start["shard"] is None
         assert start["machine"]["cpu"] and start["machine"]["logical_cpus"] >= 1
@@ -162,9 +167,11 @@ def test_a_stopped_sweep_logs_what_it_finished(world, tmp_path, monkeypatch):
         sweep.run_sweep(cfg, out, sections=sweep.sections_in_file(path),
                         load_world=lambda preset: world)
     log = [json.loads(line) for line in (out / sessions.SESSIONS).read_text().splitlines()]
-    assert [e["event"] for e in log] == ["start", "stopped"]
-    assert log[1]["reason"] == "KeyboardInterrupt"
-    assert log[1]["finished"] == ["latent-sigma0.25"]
+    assert [e["event"] for e in log] == ["start", "cell", "cell", "stopped"]
+    assert [(e["cell"], e["state"]) for e in log[1:3]] == [("latent-sigma0.25", "done"),
+                                                            ("latent-sigma0.5", "stopped")]
+    assert log[3]["reason"] == "KeyboardInterrupt"
+    assert log[3]["finished"] == ["latent-sigma0.25"]
 
 
 def test_cli_sweep_stopped_by_sigterm_logs_it_keeps_the_cells_and_resumes(world, tmp_path,
@@ -194,8 +201,9 @@ def test_cli_sweep_stopped_by_sigterm_logs_it_keeps_the_cells_and_resumes(world,
     assert "Stopped by SIGTERM" in result.output and "rerun the same command" in result.output
     assert signal.getsignal(signal.SIGTERM) is before
     log = [json.loads(line) for line in (out / sessions.SESSIONS).read_text().splitlines()]
-    assert [e["event"] for e in log] == ["start", "stopped"]
-    assert log[1]["reason"] == "Terminated" and log[1]["finished"] == ["latent-sigma0.25"]
+    assert [e["event"] for e in log] == ["start", "cell", "cell", "stopped"]
+    assert log[2]["cell"] == "latent-sigma0.5" and log[2]["state"] == "stopped"
+    assert log[3]["reason"] == "Terminated" and log[3]["finished"] == ["latent-sigma0.25"]
     assert (out / "latent-sigma0.25" / SUMMARY).is_file()
     assert not (out / "latent-sigma0.5" / SUMMARY).exists()
     result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--quiet"])
@@ -424,6 +432,9 @@ def test_cli_cells_flag_selects_runs_and_status_and_names_a_bad_pattern(world, t
                                        "--cells", "default/*"])
     assert result.exit_code == 0 and "b/classes" not in result.output
     assert "1 done, 0 running, 2 missing" in result.output
+    # The two classes cells logged their times: the selection's two others are priced.
+    assert re.search(r"work left: about \d+ (s|min) for one process, at the pace of the 2 "
+                     r"measured finished cells", " ".join(result.output.split())), result.output
 
 
 EXPLAIN = """\

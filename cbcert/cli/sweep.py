@@ -77,7 +77,8 @@ def _any_world(name: str):
                    "is one world, '*/attack-*' every world's attacks; repeatable); the others "
                    "stay as they are and a later run without --cells resumes them.")
 @click.option("--status", is_flag=True,
-              help="Run nothing: list every cell as done, running (and where) or missing.")
+              help="Run nothing: list every cell as done, running (and where) or missing, "
+                   "and estimate the work left from the finished cells' times.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no per-cell lines.")
 @distributed_options
 def sweep_cmd(config_path: Path, out: Path | None, world_name: str | None, shard: str | None,
@@ -186,7 +187,10 @@ def _print_status(sweep, out: Path, cells, part: tuple[int, int] | None,
     names only with --cells)."""
     from rich.table import Table
 
+    from cbcert.runs import pace
+
     states = sweep.sweep_status(out, cells, part[1] if part else None)
+    finished = {s.name for s in states if s.state == "done"}  # every cell's, for the pace
     if part is not None:
         states = [s for s in states if s.shard == part[0]]
     states = [s for s in states if s.name in selected]
@@ -199,6 +203,14 @@ def _print_status(sweep, out: Path, cells, part: tuple[int, int] | None,
     counts = {state: sum(s.state == state for s in states) for state in ("done", "running",
                                                                         "missing")}
     common.console.print(", ".join(f"{n} {state}" for state, n in counts.items()))
+    left = pace.time_left(out, cells, finished, priced={s.name for s in states})
+    if left.unfinished and left.seconds is None:
+        common.console.print("work left: not known until a cell finishes (its time sets the "
+                             "pace)")
+    elif left.unfinished:
+        common.console.print(f"work left: about {pace.duration(left.seconds)} for one process, "
+                             f"at the pace of the {left.measured} measured finished cells "
+                             f"(cell_cost; docs/commands.md)")
 
 
 @click.command("report")

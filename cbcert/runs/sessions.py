@@ -5,15 +5,21 @@ differs in the last bits (AVX2 and AVX-512) and at several revisions of cbcert. 
 `cbcert.runs.sweep.run_sweep` call appends (process 0 of a multi-host job; every shard its own
 lines) a ``"start"`` line — UTC time, git revision, versions, the machine of
 `cbcert.runs.machine.describe`, the shard, how many cells it will visit — and, when it returns
-or raises, an ``"end"`` or ``"stopped"`` line with the cells complete when it left. A process
-killed outright (SIGTERM, SIGKILL) leaves its start line only. `starts` reads the start lines
-back (the report's header counts them).
+or raises, an ``"end"`` or ``"stopped"`` line with the cells complete when it left. In between,
+each cell it worked on (not one finished before) gets a ``"cell"`` line when the call finishes or
+leaves it (`timed`): its name, ``state`` (``done`` or ``stopped``) and wall ``seconds``; a cell's
+lines sum to its wall time over sessions (`cbcert.runs.pace`). A process killed outright
+(SIGKILL) leaves no line after its last. `starts` reads the start lines back (the report's header
+counts them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +33,20 @@ def log(out: Path, event: str, **fields: Any) -> None:
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with append_records(Path(out) / SESSIONS) as sink:
         sink.write(json_line({"event": event, "time": now, **fields}))
+
+
+@contextlib.contextmanager
+def timed(out: Path, cell: str, logged: bool = True) -> Iterator[None]:
+    """Time the block (a cell's run) and, if ``logged``, append ``{"event": "cell", "cell",
+    "state", "seconds"}`` when it ends: ``state`` is ``done`` if the block returned, ``stopped``
+    if it raised (Ctrl-C and SIGTERM included); ``seconds`` is its wall time (0.1 s)."""
+    tic, state = time.monotonic(), "stopped"
+    try:
+        yield
+        state = "done"
+    finally:
+        if logged:
+            log(out, "cell", cell=cell, state=state, seconds=round(time.monotonic() - tic, 1))
 
 
 def starts(out: Path) -> list[dict[str, Any]]:
@@ -46,4 +66,4 @@ def starts(out: Path) -> list[dict[str, Any]]:
     return found
 
 
-__all__ = ["SESSIONS", "log", "starts"]
+__all__ = ["SESSIONS", "log", "starts", "timed"]

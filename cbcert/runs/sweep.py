@@ -40,7 +40,8 @@ their cell directories is the unsplit sweep's. `sweep_status` lists every cell a
 or missing.
 
 Each call logs itself in ``<out>/sessions.jsonl`` (`cbcert.runs.sessions`): when, at which
-revision, on which machine, and which cells were complete when it left.
+revision, on which machine, the wall time of each cell it worked on (`cbcert.runs.pace` prices
+the unfinished cells with them), and which cells were complete when it left.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from cbcert.runs import perturb as perturb_runner
 from cbcert.runs.config import ConfigError, ExperimentConfig
 from cbcert.runs.directory import (
     MANIFEST,
+    SUMMARY,
     RecordsError,
     RunMismatchError,
     check_writable,
@@ -392,8 +394,10 @@ def run_sweep(
                 run_cell = {"certify": certify_runner.run, "perturb": perturb_runner.run,
                             "attack": attack_runner.run, "classes": classes_runner.run,
                             "explain": explain_runner.run}[cell.kind]
-                result = run_cell(worlds[cell.world], cell.job, out / cell.name,
-                                  progress=callback)
+                # A cell this call works on (not one finished before) logs its wall time.
+                with sessions.timed(out, cell.name, not (out / cell.name / SUMMARY).is_file()):
+                    result = run_cell(worlds[cell.world], cell.job, out / cell.name,
+                                      progress=callback)
                 summaries[cell.name] = result.summary
                 if on_cell:
                     on_cell(cell, result)
