@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -251,6 +252,12 @@ def test_figures_are_pngs_and_absent_data_are_noted(run_dir, written):
     start = json.loads((run_dir / sessions.SESSIONS).read_text().splitlines()[0])
     assert (f"Sessions (sessions.jsonl): 1 started; revisions `{str(start['git_revision'])[:7]}`;"
             f" machines {start['machine']['cpu']} (" in markdown)
+    # Its three cells (two σ, perturb) ran under this sweep: each has a time (records or its
+    # `cell` line).
+    cells = json.loads((run_dir / "manifest.json").read_text())["cells"]
+    wall = re.search(r"Wall time of the finished cells: \d+ (s|min) over (\d+) cells\.",
+                     markdown)
+    assert wall is not None and int(wall.group(2)) == len(cells) == 3, markdown[:2000]
 
 
 def test_subset_tables_list_each_model_and_test():
@@ -494,7 +501,7 @@ def test_radius_tests_are_recomputed_from_the_records_at_the_summary_subsets(tmp
 def test_sessions_line_counts_revisions_and_machines_and_skips_a_torn_line(tmp_path):
     from cbcert.report.write import _sessions_line
 
-    assert _sessions_line(tmp_path) is None
+    assert _sessions_line(tmp_path, []) is None
     intel = {"cpu": "Xeon", "isa": ["avx2", "avx512f"]}
     amd = {"cpu": "EPYC", "isa": ["avx2"]}
     lines = [{"event": "start", "git_revision": "a" * 40, "machine": intel},
@@ -503,6 +510,39 @@ def test_sessions_line_counts_revisions_and_machines_and_skips_a_torn_line(tmp_p
              {"event": "start", "git_revision": "b" * 40, "machine": amd}]
     (tmp_path / sessions.SESSIONS).write_text(
         "".join(json.dumps(e) + "\n" for e in lines) + '{"event": "sta')
-    assert _sessions_line(tmp_path) == (
+    assert _sessions_line(tmp_path, []) == (
         "Sessions (sessions.jsonl): 3 started; revisions `aaaaaaa` ×2, `bbbbbbb`; machines "
         "Xeon (avx2 avx512f) ×2, EPYC (avx2).")
+
+
+def test_sessions_line_sums_the_finished_cells_wall_time(tmp_path):
+    """Certification from its records (an input's share repeats on each model's record: 2
+    models × 2 inputs at 30 s = 60 s), perturbation from its `cell` lines (40 + 20 s), an
+    unfinished cell not at all, a finished perturbation cell without lines unmeasured."""
+    from cbcert.report.write import _sessions_line
+
+    def cell(name, kind, records=None):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps(
+            {"kind": kind, "job": {"models": ["std", "cbm"]}}))
+        if records is not None:
+            (tmp_path / name / "records.jsonl").write_text("".join(
+                json.dumps({"index": i // 2, "seconds": 30.0}) + "\n" for i in range(records)))
+
+    cell("latent-sigma0.1", "certify", records=4)
+    cell("latent-sigma0.2", "certify", records=2)  # unfinished: no summary
+    cell("perturb", "perturb")
+    cell("old", "perturb")
+    for name in ("latent-sigma0.1", "perturb", "old"):
+        (tmp_path / name / "summary.json").write_text("{}")
+    log = [{"event": "start", "git_revision": "a" * 40, "machine": {"cpu": "Xeon"}},
+           {"event": "cell", "cell": "perturb", "state": "stopped", "seconds": 40.0},
+           {"event": "cell", "cell": "perturb", "state": "done", "seconds": 20.0}]
+    (tmp_path / sessions.SESSIONS).write_text("".join(json.dumps(e) + "\n" for e in log))
+    manifest = [{"name": n, "kind": k} for n, k in (("latent-sigma0.1", "certify"),
+                                                     ("latent-sigma0.2", "certify"),
+                                                     ("perturb", "perturb"),
+                                                     ("old", "perturb"))]
+    assert _sessions_line(tmp_path, manifest).endswith(
+        " Wall time of the finished cells: 2 min over 2 cells (1 more without a recorded "
+        "time).")

@@ -47,7 +47,7 @@ from cbcert.report.cells import (
 from cbcert.report.figures import write_figures
 from cbcert.report.tables import tables
 from cbcert.report.worlds import cross_world_figures, cross_world_tables, world_cells
-from cbcert.runs import sessions
+from cbcert.runs import pace, sessions
 from cbcert.runs.directory import RunDirError, check_writable
 from cbcert.schema import shorten
 
@@ -69,16 +69,17 @@ def _header(run_dir: Path) -> str:
         lines += [shorten(f"Config `{name}`, world `{world}`, seed {m.get('seed')}, git "
                           f"`{m.get('git_revision')}`; {versions}; devices {m.get('devices')}.",
                           1000), ""]
-    sessions = _sessions_line(run_dir)
+    sessions = _sessions_line(run_dir, m.get("cells", []) if m is not None else [])
     if sessions:
         lines += [sessions, ""]
     return "\n".join(lines)
 
 
-def _sessions_line(run_dir: Path) -> str | None:
+def _sessions_line(run_dir: Path, cells: Sequence[dict]) -> str | None:
     """Who worked on a sweep, from its ``sessions.jsonl`` (`cbcert.runs.sessions`): how many
     sessions started, their git revisions and their machines (CPU model and ISA flags), each
-    with its count. None without a log."""
+    with its count, and the finished ``cells``' (the manifest's entries) summed wall time
+    (`cbcert.runs.pace.finished_wall_time`). None without a log."""
     starts = sessions.starts(run_dir)
     if not starts:
         return None
@@ -93,8 +94,15 @@ def _sessions_line(run_dir: Path) -> str | None:
         return f"{m.get('cpu', '?')} ({' '.join(map(str, isa)) or 'no ISA flags read'})"
 
     revisions = counted(f"`{str(e.get('git_revision'))[:7]}`" for e in starts)
-    return shorten(f"Sessions ({sessions.SESSIONS}): {len(starts)} started; revisions "
+    line = shorten(f"Sessions ({sessions.SESSIONS}): {len(starts)} started; revisions "
                    f"{revisions}; machines {counted(machine(e) for e in starts)}.", 1000)
+    seconds, measured, unmeasured = pace.finished_wall_time(
+        run_dir, [(str(c["name"]), str(c.get("kind"))) for c in cells])
+    if measured or unmeasured:
+        line += (f" Wall time of the finished cells: {pace.duration(seconds)} over {measured}"
+                 f" cells" + (f" ({unmeasured} more without a recorded time)" if unmeasured
+                               else "") + ".")
+    return line
 
 
 def _check_content(run_dir: Path, cells: Sequence[CellResult]) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cbcert.runs.directory import RECORDS
+from cbcert.runs.directory import RECORDS, RUN, SUMMARY
 from cbcert.runs.sessions import SESSIONS
 from cbcert.runs.shards import cell_cost
 
@@ -53,7 +53,7 @@ def cell_lines(out: str | Path) -> dict[str, list[dict]]:
     return found
 
 
-def _record_seconds(cell, where: Path) -> tuple[float, int]:
+def _record_seconds(kind: str, models: int, where: Path) -> tuple[float, int]:
     """(seconds of work, work units done) from a certify/attack cell's records: units are
     inputs for certification (records / models) and records for attacks."""
     path = where / RECORDS
@@ -63,10 +63,21 @@ def _record_seconds(cell, where: Path) -> tuple[float, int]:
     complete = data[: data.rfind(b"\n") + 1]  # a torn last line is not a record
     seconds = sum(float(m) for m in _SECONDS.findall(complete))
     lines = complete.count(b"\n")
-    if cell.kind == "certify":
-        models = len(cell.job.models)
+    if kind == "certify":
         return seconds / models, lines // models
     return seconds, lines
+
+
+def cell_seconds(where: Path, kind: str, models: int, lines: Sequence[dict]) -> float | None:
+    """Wall time of the finished cell in directory ``where`` (module docstring), or None where
+    it was not measured: ``kind`` is the cell's runner, ``models`` its number of models and
+    ``lines`` its ``"cell"`` lines (`cell_lines`)."""
+    if kind in TIMED_RECORDS:
+        seconds, units = _record_seconds(kind, max(1, models), Path(where))
+        return seconds if units else None
+    if not any(entry.get("state") == "done" for entry in lines):
+        return None
+    return float(sum(entry.get("seconds", 0.0) for entry in lines))
 
 
 def _units(cell) -> int:
@@ -86,15 +97,9 @@ def measured_seconds(out: str | Path, cell, lines: dict[str, list[dict]] | None 
       cell: a `cbcert.runs.sweep.Cell`.
       lines: `cell_lines` of ``out`` (read here if None).
     """
-    where = Path(out) / cell.name
-    if cell.kind in TIMED_RECORDS:
-        seconds, units = _record_seconds(cell, where)
-        return seconds if units else None
     lines = cell_lines(out) if lines is None else lines
-    own = lines.get(cell.name, [])
-    if not any(entry.get("state") == "done" for entry in own):
-        return None
-    return float(sum(entry.get("seconds", 0.0) for entry in own))
+    return cell_seconds(Path(out) / cell.name, cell.kind, len(getattr(cell.job, "models", ())),
+                        lines.get(cell.name, []))
 
 
 def done_fraction(out: str | Path, cell) -> float:
@@ -102,7 +107,7 @@ def done_fraction(out: str | Path, cell) -> float:
     over the whole cell's units, at most 1); 0 for the other kinds (priced whole)."""
     if cell.kind not in TIMED_RECORDS:
         return 0.0
-    _, units = _record_seconds(cell, Path(out) / cell.name)
+    _, units = _record_seconds(cell.kind, len(cell.job.models), Path(out) / cell.name)
     return min(1.0, units / max(1, _units(cell)))
 
 
@@ -171,6 +176,32 @@ def time_left(out: str | Path, cells: Sequence, finished: Iterable[str],
     return TimeLeft(seconds, len(unfinished), measured, pace)
 
 
+def finished_wall_time(out: str | Path, cells: Iterable[tuple[str, str]]
+                       ) -> tuple[float, int, int]:
+    """``(seconds, measured, unmeasured)``: the summed wall time of the finished cells among
+    ``cells`` (``(name, kind)`` pairs, e.g. a sweep manifest's; finished = ``summary.json``
+    exists), how many of them were measured and how many were not (`cell_seconds`; a cell's
+    number of models is read from its ``run.json``)."""
+    out = Path(out)
+    lines = cell_lines(out)
+    total, measured, unmeasured = 0.0, 0, 0
+    for name, kind in cells:
+        where = out / name
+        if not (where / SUMMARY).is_file():
+            continue
+        try:
+            models = len(json.loads((where / RUN).read_text())["job"]["models"])
+        except (OSError, ValueError, KeyError, TypeError):
+            models = 0
+        seconds = cell_seconds(where, kind, models, lines.get(name, [])) if (
+            models or kind not in TIMED_RECORDS) else None
+        if seconds is None:
+            unmeasured += 1
+        else:
+            total, measured = total + seconds, measured + 1
+    return total, measured, unmeasured
+
+
 def duration(seconds: float) -> str:
     """A duration for people: ``'23 h 10 min'``, ``'7 min'``, ``'40 s'``."""
     if not math.isfinite(seconds) or seconds < 0:
@@ -182,5 +213,5 @@ def duration(seconds: float) -> str:
     return f"{hours} h {minutes} min" if hours else f"{minutes} min"
 
 
-__all__ = ["TIMED_RECORDS", "TimeLeft", "cell_lines", "done_fraction", "duration",
-           "measured_seconds", "time_left"]
+__all__ = ["TIMED_RECORDS", "TimeLeft", "cell_lines", "cell_seconds", "done_fraction",
+           "duration", "finished_wall_time", "measured_seconds", "time_left"]
