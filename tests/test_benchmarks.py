@@ -171,3 +171,18 @@ def test_main_job_refuses_bad_options_naming_them():
         done = run_benchmark("main_job.py", *args, timeout=120)
         assert done.returncode == 2
         assert flag in done.stderr, done.stderr
+
+
+def test_attack_units_times_both_ways_and_checks_the_points_agree():
+    """`attack_units.py --quick`: one at a time and two at once timed, their ratio printed,
+    and the adversarial points compared (the script exits 1 if they differ)."""
+    done = run_benchmark("attack_units.py", "--quick", timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert re.search(r"CPU .+, \d+ logical CPUs", out), out
+    assert re.search(r"one at a time: +\d+\.\d\d s", out) and re.search(
+        r"2 at once: +\d+\.\d\d s", out), out
+    assert re.search(r"2 at once vs one at a time: x\d+\.\d\d", out), out
+    assert "adversarial points identical: yes" in out
+    refused = run_benchmark("attack_units.py", "--units", "1", timeout=120)
+    assert refused.returncode == 2 and "--units=1" in refused.stderr, refused.stderr

@@ -22,9 +22,10 @@ from cbcert.cli import common as cli_common
 from cbcert.engine.noise import Gaussian
 from cbcert.generators.base import Generator
 from cbcert.runs.attack import AttackJob, run, summarize_records
-from cbcert.runs.attacker import attack_keys, eot_keys
+from cbcert.runs.attacker import Attacker, attack_keys, eot_keys, units_at_once
 from cbcert.runs.directory import RECORDS, SUMMARY, RunMismatchError
 from cbcert.runs.pool import agreement_pool
+from cbcert.schema import ConfigError
 from cbcert.worlds.world import World
 
 LATENT_DIM, NUM_CONCEPTS = 6, 2
@@ -157,6 +158,59 @@ def test_rerun_with_other_settings_is_refused(base_run, tmp_path):
     shutil.copytree(out, other)
     with pytest.raises(RunMismatchError, match="different settings"):
         run(WORLD, dataclasses.replace(BASE, eps=(0.1,)), other)
+
+
+def test_units_at_once_write_the_same_records_in_the_same_order(base_run, tmp_path):
+    """The base run ran two units at once (the CPU default); one at a time and three at once
+    write the same records, in the same order, and the same summary."""
+    out, summary, _ = base_run
+    assert units_at_once() == 2 and jax.default_backend() == "cpu"
+    untimed = [{k: v for k, v in r.items() if k != "seconds"} for r in _records(out)]
+    for units in (1, 3):
+        assert run(WORLD, BASE, tmp_path / str(units), units=units) == summary
+        assert [{k: v for k, v in r.items() if k != "seconds"}
+                for r in _records(tmp_path / str(units))] == untimed
+
+
+def test_smoothed_units_at_once_write_the_same_records(tmp_path):
+    job = AttackJob(eps=(0.05, 0.3), iters=3, models=("std", "proto"), num_inputs=6, batch=4,
+                    smoothed=True, scale=0.5, eot=2, n=40)
+    one, two = (run(WORLD, job, tmp_path / str(u), units=u) for u in (1, 2))
+    assert one == two
+    assert _without_time(_records(tmp_path / "1")) == _without_time(_records(tmp_path / "2"))
+
+
+def test_units_at_once_default_request_and_bad_values(monkeypatch):
+    assert units_at_once(5) == 5 and units_at_once(np.int64(1)) == 1
+    for bad in (0, -2, True, 1.5, "2"):
+        with pytest.raises(ConfigError, match="units"):
+            units_at_once(bad)
+    # A multi-process job enters each unit's collective PREDICT in order: one at a time.
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    assert units_at_once() == units_at_once(4) == 1
+
+
+def test_a_failing_unit_stops_the_run_keeping_the_units_before_it(base_run, tmp_path,
+                                                                   monkeypatch):
+    """With two units at once, the first batch's fourth unit (proto at ε = 0.05) raises: the
+    error reaches the caller, the three units before it are on disk, nothing after them, and
+    the rerun finishes with the uninterrupted summary."""
+    out, summary, _ = base_run
+    real = Attacker.attack
+
+    def attack(self, model, eps, *args):
+        if (model, eps) == ("proto", 0.05):
+            raise RuntimeError("unit failed")
+        return real(self, model, eps, *args)
+
+    monkeypatch.setattr(Attacker, "attack", attack)
+    with pytest.raises(RuntimeError, match="unit failed"):
+        run(WORLD, BASE, tmp_path, units=2)
+    kept = _records(tmp_path)
+    assert [(r["model"], r["eps"]) for r in kept] == [
+        ("std", eps) for eps in BASE.eps for _ in range(BASE.batch)]
+    monkeypatch.setattr(Attacker, "attack", real)
+    assert run(WORLD, BASE, tmp_path) == summary
 
 
 def test_rerun_with_another_batch_resumes(base_run, tmp_path):
@@ -407,6 +461,7 @@ def linear_cli(monkeypatch):
     (["--explain", "--models", "std"], "--explain"),
     (["--explain", "--models", "proto"], "--world"),  # the linear world has no prototypes
     (["--explain", "--smoothed", "--sigma", "0.1"], "--explain"),
+    (["--units-at-once", "0"], "--units-at-once"),
 ])
 def test_cli_rejects_bad_values_with_exit_2(linear_cli, tmp_path, args, flag):
     result = linear_cli.invoke(cli.main, ["attack", "--out", str(tmp_path / "o"), *args])

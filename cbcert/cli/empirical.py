@@ -199,13 +199,16 @@ def _print_explanations(rows: list[dict], world) -> None:
               help="Output directory (default results/attack-<space>[-smoothed-…]-seed<seed>); "
                    "rerunning with the same --out resumes.")
 @common.memory_options
+@click.option("--units-at-once", "units", type=int, default=None,
+              help="(batch, model, ε) units attacked at once, each in its own thread (default: "
+                   "2 on CPU, 1 on accelerators; same records either way).")
 @distributed_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss: str,
            smoothed: bool, sigma: float | None, rho: float | None, eot: int, n: int,
            alpha: float, inputs: int, batch: int, models: str, explain: bool, world_name: str,
            seed: int, out: Path | None, chunk_size: int | None, max_memory: int | None,
-           quiet: bool) -> None:
+           units: int | None, quiet: bool) -> None:
     """APGD through generator and classifier: clean and robust accuracy per model and ε.
 
     Each model is attacked on its own, on the std/cbm agreement set, labelled with the shared
@@ -224,6 +227,8 @@ def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss
                         models=common.names(models), seed=seed, num_inputs=inputs, batch=batch,
                         explain=explain)
     common.check_memory(chunk_size, max_memory)
+    if units is not None:
+        common.check("count", units, "--units-at-once")
     name = attack_name(space, scale if smoothed else None)
     out = common.writable_out(out or Path("results") / f"{name}-seed{seed}")
     world = common.load_agreement_world(world_name, job.models, concepts=space == "concept")
@@ -232,7 +237,7 @@ def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss
                                  f"{world.num_classes}", param_hint="--loss")
     with common.bad_input(), bar(f"attack {space}", quiet, unit="units") as progress:
         summary = run(world, job, out, progress=progress, chunk_size=chunk_size,
-                      max_memory=max_memory)
+                      max_memory=max_memory, units=units)
     if not quiet:
         _print_attack(summary, job, world, out)
 

@@ -4,8 +4,8 @@ A finished cell's wall time (`measured_seconds`):
 
 * certification and attack cells: the sum of their records' ``seconds`` (a certification
   record's is its input's share of the chunk, the same on each model's record, so the sum over
-  records is divided by the number of models; an attack record's is its share of its model's
-  and ε's chunk). The records hold every session's work, whatever revision wrote them.
+  records is divided by the number of models; an attack record's is its unit's share of the
+  run's wall time). The records hold every session's work, whatever revision wrote them.
 * perturbation, class-distance and explain cells, whose records carry no time: the ``"cell"``
   lines of ``sessions.jsonl`` (`cbcert.runs.sessions`), which `cbcert.runs.sweep.run_sweep`
   appends when it finishes (``state: done``) or leaves (``state: stopped``) a cell, summed; a
