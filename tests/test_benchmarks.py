@@ -143,11 +143,13 @@ def test_main_job_times_the_command_by_stage_and_the_nets_against_pytorch():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     assert re.search(r"CPU: .*ISA flags: ", out), out
-    assert re.search(r"`certify latent --sigma 0\.1 --quiet --inputs 1`: \d+\.\d s in all, "
-                     r"\d+\.\d s of it XLA compilation", out), out
+    assert re.search(r"`certify latent --sigma 0\.1 --quiet --inputs 1 --units-at-once 1`: "
+                     r"\d+\.\d s in all, \d+\.\d s of it XLA compilation", out), out
     for stage in ("pool", "inputs", "selection", "estimation", "bounds", "the rest"):
         assert re.search(rf"^   {stage} +\d+\.\d\d s  \(compile +\d+\.\d\d s", out, re.M), stage
     assert re.search(r"estimation: 1000 samples of 3 models, \d+ samples/s", out), out
+    assert re.search(r"as users run it \(batches two at a time on CPU\): \d+\.\d s, against "
+                     r"\d+\.\d s one at a time, both after .*: x\d+\.\d\d", out), out
     parity = next(ln for ln in out.splitlines() if "parity (fp32" in ln)
     assert "std 100.00%, cbm 100.00%, proto 100.00%" in parity, parity
     assert re.search(r"engine fp32 +\d+ samples/s   x\d+\.\d\d \(.*\) vs PyTorch's best fp32 "

@@ -22,10 +22,10 @@ from cbcert.cli import common as cli_common
 from cbcert.engine.noise import Gaussian
 from cbcert.generators.base import Generator
 from cbcert.runs.attack import AttackJob, run, summarize_records
-from cbcert.runs.attacker import Attacker, attack_keys, eot_keys, units_at_once
+from cbcert.runs.attacker import Attacker, attack_keys, eot_keys
 from cbcert.runs.directory import RECORDS, SUMMARY, RunMismatchError
 from cbcert.runs.pool import agreement_pool
-from cbcert.schema import ConfigError
+from cbcert.runs.units import units_at_once
 from cbcert.worlds.world import World
 
 LATENT_DIM, NUM_CONCEPTS = 6, 2
@@ -178,16 +178,6 @@ def test_smoothed_units_at_once_write_the_same_records(tmp_path):
     one, two = (run(WORLD, job, tmp_path / str(u), units=u) for u in (1, 2))
     assert one == two
     assert _without_time(_records(tmp_path / "1")) == _without_time(_records(tmp_path / "2"))
-
-
-def test_units_at_once_default_request_and_bad_values(monkeypatch):
-    assert units_at_once(5) == 5 and units_at_once(np.int64(1)) == 1
-    for bad in (0, -2, True, 1.5, "2"):
-        with pytest.raises(ConfigError, match="units"):
-            units_at_once(bad)
-    # A multi-process job enters each unit's collective PREDICT in order: one at a time.
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
-    assert units_at_once() == units_at_once(4) == 1
 
 
 def test_a_failing_unit_stops_the_run_keeping_the_units_before_it(base_run, tmp_path,

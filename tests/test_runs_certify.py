@@ -81,6 +81,20 @@ def _untimed(models):
     return {m: {k: v for k, v in s.items() if k != "seconds_per_input"} for m, s in models.items()}
 
 
+@pytest.mark.parametrize("mode", ["certify", "predict"])
+def test_batches_at_once_write_the_same_records_in_the_same_order(world, tmp_path, mode):
+    """Batches of the fixed schedule one at a time, two (the CPU default) and three at once:
+    the same records line for line (time aside) and the same summary."""
+    job = CertifyJob(noise="gaussian", scale=0.25, mode=mode, batch=2, **SMALL)
+    results = {u: run(world, job, tmp_path / str(u), units=u) for u in (1, None, 3)}
+    lines = {u: [_strip(r) for r in _lines(tmp_path / str(u))] for u in results}
+    assert len(lines[1]) == 3 * SMALL["num_inputs"]
+    assert lines[None] == lines[1] and lines[3] == lines[1]
+    assert _untimed(results[None]["models"]) == _untimed(results[1]["models"]) == _untimed(
+        results[3]["models"])
+    assert all(r["seconds"] >= 0 for r in _lines(tmp_path / "3"))
+
+
 def test_records_have_the_documented_fields(world, tmp_path):
     run(world, CertifyJob(noise="gaussian", scale=0.1, models=("std", "proto"), **SMALL), tmp_path)
     records = _lines(tmp_path)

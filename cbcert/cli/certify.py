@@ -94,6 +94,7 @@ def certify_options(fn):
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
                      help="Output directory (default results/<command>-<scale>-seed<seed>); "
                           "rerunning with the same --out resumes."),
+        common.units_option("Batches of inputs (fixed schedule)"),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table."),
     ]
     for option in reversed(options):
@@ -119,6 +120,7 @@ def run_certification(noise: str, scale, mode: str, opts: dict) -> dict:
                          bound=opts["bound"].replace("-", "_"),
                          **{key: opts[key] for key in SCHEDULE_KEYS})
     common.check_memory(opts["chunk_size"], opts["max_memory"])
+    common.check_units(opts["units"])
     prefix = "predict-" if mode == "predict" else ""
     name = f"{prefix}{kind.name(scale)}"
     out = common.writable_out(opts["out"] or Path("results") / f"{name}-seed{job.seed}")
@@ -130,7 +132,7 @@ def run_certification(noise: str, scale, mode: str, opts: dict) -> dict:
         with bar(f"{mode} {name}", opts["quiet"]) as progress:
             summary = run(world, job, out, progress=progress, chunk_size=opts["chunk_size"],
                           max_memory=opts["max_memory"], preflight=True,
-                          export=opts["export"])
+                          export=opts["export"], units=opts["units"])
     if not opts["quiet"]:
         print_summary(summary, job, world, out)
     return summary

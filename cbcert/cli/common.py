@@ -169,6 +169,19 @@ def memory_options(fn):
     return fn
 
 
+def units_option(what: str):
+    """``--units-at-once N``: the run's independent ``what`` run N at a time in threads
+    (`cbcert.runs.units`); checked with `check_units`."""
+    return click.option("--units-at-once", "units", type=int, default=None,
+                        help=f"{what} run at once, each in its own thread (default: 2 on CPU, "
+                             "1 on accelerators; the same records either way).")
+
+
+def check_units(units: int | None) -> None:
+    if units is not None:
+        check("count", units, "--units-at-once")
+
+
 def check_memory(chunk_size: int | None, max_memory: int | None) -> None:
     if chunk_size is not None:
         check("count", chunk_size, "--chunk-size")

@@ -199,9 +199,7 @@ def _print_explanations(rows: list[dict], world) -> None:
               help="Output directory (default results/attack-<space>[-smoothed-…]-seed<seed>); "
                    "rerunning with the same --out resumes.")
 @common.memory_options
-@click.option("--units-at-once", "units", type=int, default=None,
-              help="(batch, model, ε) units attacked at once, each in its own thread (default: "
-                   "2 on CPU, 1 on accelerators; same records either way).")
+@common.units_option("(batch, model, ε) units")
 @distributed_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss: str,
@@ -227,8 +225,7 @@ def attack(space: str, eps_list: str, norm: str, iters: int, restarts: int, loss
                         models=common.names(models), seed=seed, num_inputs=inputs, batch=batch,
                         explain=explain)
     common.check_memory(chunk_size, max_memory)
-    if units is not None:
-        common.check("count", units, "--units-at-once")
+    common.check_units(units)
     name = attack_name(space, scale if smoothed else None)
     out = common.writable_out(out or Path("results") / f"{name}-seed{seed}")
     world = common.load_agreement_world(world_name, job.models, concepts=space == "concept")

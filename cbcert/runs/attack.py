@@ -46,7 +46,7 @@ Per-input records go to ``records.jsonl`` as each (batch, model, ε) unit finish
 with the same output directory skips finished units, and the resumed summary equals an
 uninterrupted run's.
 
-On CPU the units of a batch run two at a time (`cbcert.runs.attacker.units_at_once`): the
+On CPU the units of a batch run two at a time (`cbcert.runs.units`): the
 same records, in the same order, in about half the time on a 2-core machine.
 """
 
@@ -64,8 +64,7 @@ from cbcert.certify.cohen import ABSTAIN
 from cbcert.certify.smoothing import of_space
 from cbcert.engine.sampler import map_inputs
 from cbcert.runs import explanations
-from cbcert.runs.attacker import Attacker, Units
-from cbcert.runs.attacker import units_at_once as attacker_units_at_once
+from cbcert.runs.attacker import Attacker
 from cbcert.runs.budgets import observer
 from cbcert.runs.certify import check_models
 from cbcert.runs.directory import (
@@ -78,6 +77,7 @@ from cbcert.runs.directory import (
 )
 from cbcert.runs.pool import agreement_pool, space_inputs
 from cbcert.runs.session import Session, session
+from cbcert.runs.units import Units, split_budget, units_at_once
 from cbcert.schema import ConfigError, validate
 
 EXPLAINS = explanations.EXPLAINED
@@ -196,7 +196,7 @@ def run(
 
     ``chunk_size`` caps the inputs per APGD call and the (input, sample) pairs per engine
     chunk; by default both come from ``max_memory`` (see `cbcert.runs.attacker.Attacker.chunk`).
-    ``units``: (batch, model, ε) units run at once (`cbcert.runs.attacker.units_at_once`;
+    ``units``: (batch, model, ε) units run at once (`cbcert.runs.units`;
     None: its default). A
     record's ``seconds`` is the wall time from the previous unit's records (or the batch's
     clean predictions) to its own, over the batch's inputs, so a run's records sum to its
@@ -204,7 +204,7 @@ def run(
 
     Returns the `RunSummary` (:func:`summarize_records`).
     """
-    units = attacker_units_at_once(units)
+    units = units_at_once(units)
     world.check_models(job.models)
     if job.explain:
         explanations.check(world, job.explained)
@@ -250,10 +250,8 @@ def _run(world, job: AttackJob, directory: Session, progress, chunk_size,
     records = records_of(records_path, job, pool.indices)
     done = {(r["index"], r["model"], r["eps"]) for r in records}
     inputs = space_inputs(world, pool.latents, job.space, **memory)
-    # Units at once share an explicit budget (the default one is a heuristic, kept per unit:
-    # the same batches, so the same bits, as one at a time).
-    attacker = Attacker(world, job, chunk_size=chunk_size, max_memory=(
-        max(max_memory // at_once, 1) if max_memory is not None else None))
+    attacker = Attacker(world, job, chunk_size=chunk_size,
+                        max_memory=split_budget(max_memory, at_once))
     explainer = _Explainer(world, job, memory) if job.explain else None
 
     units = [

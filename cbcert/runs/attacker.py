@@ -4,22 +4,12 @@
 classifier's EOT noise, PREDICT counts) so each model compiles once; keys follow the module
 docstring of `cbcert.runs.attack` (per global input index, so results do not depend on the
 batching).
-
-Units at once (`units_at_once`, `Units`): on CPU an attack run's (batch, model, ε) units run
-two at a time, each in its own thread. APGD steps are small programs called from a host loop,
-and one such loop leaves part of a 2-core machine idle: on the built-in world two at once took
-8.7 s where one after the other took 16.6 s (vanilla, 3 models × 2 ε on 16 inputs, 100
-iterations) and 46 s against 77 s (smoothed σ = 0.1, EOT 8, 20 iterations, PREDICT n = 1,000;
-2-core Intel VM, 2026-12-06). Every unit has its own keys, so the results are the same bits
-either way, and the caller takes them in the units' order. Each running unit sizes its batches
-by the memory budget; the caller splits an explicit one between the units at once.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -35,7 +25,6 @@ from cbcert.certify.smoothing import of_space
 from cbcert.engine.keys import Stream, stream_key
 from cbcert.engine.memory import batch_within_memory
 from cbcert.engine.sampler import map_inputs
-from cbcert.schema import validate
 
 # APGD's smallest sub-batch: XLA:CPU rounds a row differently in batches of 1-2 than in 4+.
 MIN_ATTACK_CHUNK = 4
@@ -231,46 +220,3 @@ def _argmax(apply_fn: Callable) -> Callable:
 def _prediction_fields(result: Prediction, head: int) -> dict[str, np.ndarray]:
     return {"prediction": result.prediction[:, head], "p_value": result.p_value[:, head]}
 
-
-def units_at_once(requested: int | None = None) -> int:
-    """How many (batch, model, ε) units an attack run runs at once (module docstring).
-
-    ``requested`` (an integer >= 1) if given; by default 2 on CPU and 1 on accelerators (not
-    measured there). A multi-process job runs one at a time whatever is requested: each unit's
-    PREDICT is a collective program that every process must enter in the same order.
-    """
-    if isinstance(requested, np.integer):
-        requested = int(requested)
-    if requested is not None:
-        validate("count", requested, key="units", label="units")
-    if jax.process_count() > 1:
-        return 1
-    if requested is not None:
-        return int(requested)
-    return 2 if jax.default_backend() == "cpu" else 1
-
-
-class Units:
-    """``run(fn, units)``: the results of ``fn(unit)`` in order, computed ``count`` at a time
-    (threads; ``count`` = 1: one after the other, in this thread). Leaving the context early
-    (an error, Ctrl-C) cancels the units not started and does not wait for running ones."""
-
-    def __init__(self, count: int):
-        self.count = count
-        self.executor: ThreadPoolExecutor | None = None
-
-    def __enter__(self):
-        if self.count > 1:
-            self.executor = ThreadPoolExecutor(self.count, thread_name_prefix="attack-unit")
-        return self.run
-
-    def __exit__(self, kind, error, trace):
-        if self.executor is not None:
-            self.executor.shutdown(wait=kind is None, cancel_futures=True)
-        return False
-
-    def run(self, fn: Callable, units: list) -> Iterator:
-        if self.executor is None:
-            return map(fn, units)
-        futures = [self.executor.submit(fn, unit) for unit in units]
-        return (future.result() for future in futures)

@@ -5,7 +5,8 @@ noise (SPEC §4). Per-input records are appended to ``records.jsonl`` as each ba
 finishes (as locuslab/smoothing's ``certify.py`` writes one line per input); a rerun with the
 same output directory skips finished inputs, and because the noise of sample j of input i is a
 function of ``(seed, i, j)`` only, the resumed run's records and summary equal an uninterrupted
-run's. Analysis (``summarize_records``) is separate from sampling.
+run's. Analysis (``summarize_records``) is separate from sampling. With the fixed schedule,
+batches run two at a time on CPU (`cbcert.runs.units`): the same records, in the same order.
 
 Size: one runner with its job, record schema and summary (they change together).
 """
@@ -47,6 +48,7 @@ from cbcert.runs.directory import (
 from cbcert.runs.export import FORMATS, write_cohen
 from cbcert.runs.pool import agreement_pool, space_inputs
 from cbcert.runs.session import Session, session
+from cbcert.runs.units import Units, split_budget, units_at_once
 from cbcert.schema import ConfigError, validate, validate_sample_sizes
 
 
@@ -262,14 +264,17 @@ def run(
     max_memory: int | None = None,
     preflight: bool = False,
     export: str | None = None,
+    units: int | None = None,
 ) -> RunSummary:
     """Certify (or predict) every model of ``job`` on the agreement pool; resumable.
 
     Writes ``run.json`` (settings), appends ``records.jsonl`` (one line per input and model:
     index, model, label, true_label, prediction, count_top, count_runner_up, p_lower, p_upper
     or p_value, radius, correct, seconds; ``generator_class`` in a multi-class conditional
-    world) and finally ``summary.json``. ``seconds`` is the wall
-    time of the input's batch divided by its size (all models share the generated images).
+    world) and finally ``summary.json``. ``seconds`` is the wall time from the previous batch's
+    records to its batch's, divided by its size (all models share the generated images), so a
+    run's records sum to its time. ``units``: batches of the fixed schedule run at once
+    (`cbcert.runs.units.units_at_once`; None: its default, 2 on CPU).
 
     With ``job.schedule`` ``sequential`` or ``anytime`` the estimation samples run through the
     continuous sampler (``cbcert.engine.continuous``) over all unfinished inputs at once; an input's
@@ -294,16 +299,18 @@ def run(
 
     Returns the `RunSummary` (per model metrics).
     """
+    units = units_at_once(units)
     job.smoothing.check_concepts(job.scale, world.generator.num_concepts)
     if preflight:
         sequential.check_certifiable(job, world.generator.num_concepts)
     with session(out, "certify", {"job": job.pinned(), "world": world.name}, world,
                  free=("job.batch",)) as directory:
-        return _run(world, job, directory, progress, chunk_size, max_memory, preflight, export)
+        return _run(world, job, directory, progress, chunk_size, max_memory, preflight, export,
+                    units)
 
 
 def _run(world, job: CertifyJob, directory: Session, progress, chunk_size, max_memory,
-         preflight: bool = False, export: str | None = None) -> RunSummary:
+         preflight: bool = False, export: str | None = None, at_once: int = 1) -> RunSummary:
     k = world.generator.num_concepts
     memory = dict(chunk_size=chunk_size, max_memory=max_memory)
     pool = agreement_pool(world, job.seed, job.num_inputs, space=job.space, **memory)
@@ -340,31 +347,37 @@ def _run(world, job: CertifyJob, directory: Session, progress, chunk_size, max_m
     finished = job.num_inputs - len(todo)
     if progress:
         progress(finished, job.num_inputs)
-    batches = range(0, len(todo), job.batch) if job.schedule == "fixed" else ()
-    engine = {key: common[key] for key in ("num_classes", "chunk_size", "max_memory", "dtype")}
-    with directory.append() as sink, _naming_models(job.models, records_path):
+    batches = ([np.asarray(todo[b : b + job.batch]) for b in range(0, len(todo), job.batch)]
+               if job.schedule == "fixed" else [])
+    engine = {key: common[key] for key in ("num_classes", "chunk_size", "dtype")}
+    engine["max_memory"] = split_budget(max_memory, at_once)
+
+    def certify_batch(rows):  # one batch's certificates (or predictions) of every model
+        idx = pool.indices[rows]
+        if job.mode == "certify":
+            uniform = bound_uniforms(root, idx) if job.bound == "randomized" else None
+            result = certify_heads(apply_fn, params, inputs[rows], noise, root, job.n0, job.n,
+                                   job.alpha, scale=job.scale, rule=rule,
+                                   two_class=job.two_class, indices=idx, uniform=uniform,
+                                   **engine)  # [T, H]
+            return result, {"p_lower": result.p_lower, "p_upper": result.p_upper,
+                            "radius": result.radius}
+        result = predict_heads(apply_fn, params, inputs[rows], noise, root, job.n, job.alpha,
+                               scale=job.scale, heads=len(job.models), indices=idx,
+                               **engine)  # [T, H]
+        return result, {"p_value": result.p_value}
+
+    with (directory.append() as sink, _naming_models(job.models, records_path),
+          Units(at_once) as run_units):
         if job.schedule != "fixed" and todo:
             model = sequential.Sampling(apply_fn, params, noise, rule, root, common)
             sequential.run_sequential(job, pool, np.asarray(todo), done, inputs, model, sink,
                                       progress, finished)
-        for b in batches:
-            rows = np.asarray(todo[b : b + job.batch])
-            idx = pool.indices[rows]
-            start = time.perf_counter()
-            if job.mode == "certify":
-                uniform = bound_uniforms(root, idx) if job.bound == "randomized" else None
-                result = certify_heads(apply_fn, params, inputs[rows], noise, root, job.n0,
-                                       job.n, job.alpha, scale=job.scale, rule=rule,
-                                       two_class=job.two_class, indices=idx, uniform=uniform,
-                                       **engine)  # [T, H]
-                extra = {"p_lower": result.p_lower, "p_upper": result.p_upper,
-                         "radius": result.radius}
-            else:
-                result = predict_heads(apply_fn, params, inputs[rows], noise, root, job.n,
-                                       job.alpha, scale=job.scale, heads=len(job.models),
-                                       indices=idx, **engine)  # [T, H]
-                extra = {"p_value": result.p_value}
-            seconds = (time.perf_counter() - start) / len(rows)
+        start = time.perf_counter()
+        for rows, (result, extra) in zip(batches, run_units(certify_batch, batches),
+                                         strict=True):
+            now = time.perf_counter()
+            seconds, start = (now - start) / len(rows), now
             for h, model in enumerate(job.models):
                 for r, row in enumerate(rows):
                     if (int(pool.indices[row]), model) in done:
