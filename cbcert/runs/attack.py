@@ -46,8 +46,8 @@ Per-input records go to ``records.jsonl`` as each (batch, model, ε) unit finish
 with the same output directory skips finished units, and the resumed summary equals an
 uninterrupted run's.
 
-On CPU the units of a batch run two at a time (`cbcert.runs.units`): the
-same records, in the same order, in about half the time on a 2-core machine.
+On CPU the units of a batch run two at a time (`cbcert.runs.units`): the same records, in the
+same order, in about half the time on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -196,11 +196,10 @@ def run(
 
     ``chunk_size`` caps the inputs per APGD call and the (input, sample) pairs per engine
     chunk; by default both come from ``max_memory`` (see `cbcert.runs.attacker.Attacker.chunk`).
-    ``units``: (batch, model, ε) units run at once (`cbcert.runs.units`;
-    None: its default). A
-    record's ``seconds`` is the wall time from the previous unit's records (or the batch's
-    clean predictions) to its own, over the batch's inputs, so a run's records sum to its
-    attack time whatever ``units`` is.
+    ``units``: (batch, model, ε) units run at once (`cbcert.runs.units.units_at_once`; None:
+    its default, 2 on CPU). A record's ``seconds`` is the wall time from the previous unit's
+    records (or the batch's clean predictions) to its own, over the batch's inputs, so a run's
+    records sum to its attack time whatever ``units`` is.
 
     Returns the `RunSummary` (:func:`summarize_records`).
     """
@@ -211,7 +210,6 @@ def run(
     with session(out, "attack", {"job": job.settings(), "world": world.name}, world,
                  free=("job.batch",)) as directory:
         return _run(world, job, directory, progress, chunk_size, max_memory, units)
-
 
 
 # JSON types of the record fields (see `check_types`); smoothed runs add the p-values.

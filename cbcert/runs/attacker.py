@@ -219,4 +219,3 @@ def _argmax(apply_fn: Callable) -> Callable:
 
 def _prediction_fields(result: Prediction, head: int) -> dict[str, np.ndarray]:
     return {"prediction": result.prediction[:, head], "p_value": result.p_value[:, head]}
-
