@@ -115,6 +115,31 @@ def test_cli_report_of_a_multi_world_sweep(run_dir, notes):
     assert json.loads((run_dir / sweep.MANIFEST).read_text())["worlds"][-1]["name"] == LATE_WORLD
 
 
+def test_class_distance_figure_keeps_its_whole_title(tmp_path):
+    """`figure_class_distances_worlds` with one world: its panel is narrower than the title,
+    which a plain savefig cut off at both ends (results/paper, 2026-12-06). The image is
+    cropped to what is drawn, so it is at least as wide as the title rendered at its 120 dpi."""
+    import matplotlib.image
+
+    from cbcert.report.cells import CellResult
+    from cbcert.report.plotting import pyplot
+
+    summary = {"distances": [[0.0, 2.0], [2.0, None]], "class_names": ["a", "b"],
+               "mean_off_diagonal": 2.0}
+    path = report_worlds.figure_class_distances_worlds(
+        [("saturated", "f", (CellResult("classes", "classes", {}, summary),))],
+        tmp_path / "c.png")
+    width = matplotlib.image.imread(path).shape[1]
+    plt = pyplot()
+    probe = plt.figure(dpi=120)
+    title = probe.suptitle("Class-centroid distances in f_std's feature space (class index on "
+                           "the axes)")
+    probe.canvas.draw()
+    needed = title.get_window_extent().width
+    plt.close(probe)
+    assert width >= needed > 500, (width, needed)
+
+
 def test_radius_figure_has_a_row_per_noise_and_a_panel_per_scale(kept_figures, tmp_path):
     """`figure_radius_worlds`: rows σ, ρ, m in that order whatever the cell order, each panel
     titled by its scale, unit on the row's first panel, unused panels hidden, one bar pair

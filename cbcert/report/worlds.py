@@ -457,7 +457,9 @@ def figure_class_distances_worlds(worlds: Sequence[WorldCells], path: Path) -> P
         ax.set_title(f"{name}: mean {_num(s['mean_off_diagonal'])}", fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), label="‖μ_c − μ_c'‖₂")
     fig.suptitle("Class-centroid distances in f_std's feature space (class index on the axes)")
-    fig.savefig(path, dpi=120)
+    # Cropped to what is drawn, title included (one world's panel is narrower than the title);
+    # not `save`: tight_layout would lay the colour bar, shared by the panels, over them.
+    fig.savefig(path, dpi=120, bbox_inches="tight", pad_inches=0.05)
     plt.close(fig)
     return path
 
