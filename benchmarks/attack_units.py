@@ -1,7 +1,7 @@
 """An attack run's units one after the other against several at once, on the built-in world.
 
 `certify attack` (and every attack cell of a sweep) attacks each (batch, model, ε) unit on its
-own; on CPU it runs two at a time, each in its own thread (`cbcert.runs.attacker.units_at_once`).
+own; on CPU it runs two at a time, each in its own thread (`cbcert.runs.units`).
 This times the same units through `cbcert.runs.attacker.Attacker` — APGD, and for a smoothed
 attack PREDICT at the adversarial point — with ``--units`` at once against one at a time, in
 interleaved rounds after a warm-up that compiles every unit, and checks that both give the same
@@ -21,7 +21,6 @@ import argparse
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -29,6 +28,7 @@ from cbcert.runs.attack import AttackJob
 from cbcert.runs.attacker import Attacker
 from cbcert.runs.machine import describe
 from cbcert.runs.pool import agreement_pool, space_inputs
+from cbcert.runs.units import Units
 from cbcert.worlds.builtin import load_builtin
 
 
@@ -74,9 +74,9 @@ def main() -> int:
     def one_at_a_time():
         return [attacker.attack(m, e, x, labels, idx) for m, e in units]
 
-    def at_once():
-        with ThreadPoolExecutor(args.units) as pool_:
-            return list(pool_.map(lambda u: attacker.attack(*u, x, labels, idx), units))
+    def at_once():  # the runs' own mechanism
+        with Units(args.units) as run:
+            return list(run(lambda u: attacker.attack(*u, x, labels, idx), units))
 
     what = (f"{'smoothed ' if args.smoothed else ''}{job.space} attack on {args.world}: "
             f"{len(units)} units ({', '.join(job.models)} × ε 0.01, 0.03), {args.inputs} "

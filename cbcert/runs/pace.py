@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cbcert.runs import sessions
 from cbcert.runs.directory import RECORDS, RUN, SUMMARY
-from cbcert.runs.sessions import SESSIONS
 from cbcert.runs.shards import cell_cost
 
 _SECONDS = re.compile(rb'"seconds": ([-+0-9.eE]+)')
@@ -37,18 +38,11 @@ TIMED_RECORDS = ("certify", "attack")
 
 
 def cell_lines(out: str | Path) -> dict[str, list[dict]]:
-    """The ``"cell"`` lines of ``out/sessions.jsonl`` by cell name, in order ({} without a
-    log; lines that are not JSON objects, e.g. a torn last line, are left out)."""
-    path = Path(out) / SESSIONS
+    """The ``"cell"`` lines of ``out/sessions.jsonl`` (`cbcert.runs.sessions.entries`) by cell
+    name, in order ({} without a log)."""
     found: dict[str, list[dict]] = {}
-    if not path.is_file():
-        return found
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and entry.get("event") == "cell" and "cell" in entry:
+    for entry in sessions.entries(Path(out), "cell"):
+        if "cell" in entry:
             found.setdefault(str(entry["cell"]), []).append(entry)
     return found
 
@@ -130,12 +124,6 @@ class TimeLeft:
     pace: dict[str, float]
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-
 def time_left(out: str | Path, cells: Sequence, finished: Iterable[str],
               priced: Iterable[str] | None = None) -> TimeLeft:
     """Estimated work left in ``cells`` of the sweep in ``out`` (module docstring).
@@ -161,7 +149,7 @@ def time_left(out: str | Path, cells: Sequence, finished: Iterable[str],
             seconds = measured_seconds(out, cell, lines)
             if seconds is not None and cell_cost(cell) > 0:
                 ratios.setdefault(cell.kind, []).append(seconds / cell_cost(cell))
-    pace = {kind: _median(values) for kind, values in ratios.items()}
+    pace = {kind: statistics.median(values) for kind, values in ratios.items()}
     measured = sum(len(v) for v in ratios.values())
     priced = None if priced is None else set(priced)
     unfinished = [c for c in cells
@@ -170,7 +158,7 @@ def time_left(out: str | Path, cells: Sequence, finished: Iterable[str],
         return TimeLeft(0.0, 0, measured, pace)
     if not measured:
         return TimeLeft(None, len(unfinished), 0, pace)
-    overall = _median([r for values in ratios.values() for r in values])
+    overall = statistics.median([r for values in ratios.values() for r in values])
     seconds = sum(cell_cost(c) * pace.get(c.kind, overall) * (1.0 - done_fraction(out, c))
                   for c in unfinished)
     return TimeLeft(seconds, len(unfinished), measured, pace)

@@ -49,9 +49,9 @@ def timed(out: Path, cell: str, logged: bool = True) -> Iterator[None]:
             log(out, "cell", cell=cell, state=state, seconds=round(time.monotonic() - tic, 1))
 
 
-def starts(out: Path) -> list[dict[str, Any]]:
-    """The ``"start"`` entries of ``out/SESSIONS`` in order ([] without a log); lines that are
-    not JSON objects (a torn last line) are left out."""
+def entries(out: Path, event: str) -> list[dict[str, Any]]:
+    """The ``event`` entries (``"start"``, ``"cell"``, …) of ``out/SESSIONS`` in order ([]
+    without a log); lines that are not JSON objects (a torn last line) are left out."""
     path = Path(out) / SESSIONS
     if not path.is_file():
         return []
@@ -61,9 +61,14 @@ def starts(out: Path) -> list[dict[str, Any]]:
             entry = json.loads(line)
         except ValueError:
             continue
-        if isinstance(entry, dict) and entry.get("event") == "start":
+        if isinstance(entry, dict) and entry.get("event") == event:
             found.append(entry)
     return found
 
 
-__all__ = ["SESSIONS", "log", "starts", "timed"]
+def starts(out: Path) -> list[dict[str, Any]]:
+    """The ``"start"`` entries of ``out/SESSIONS`` in order (`entries`)."""
+    return entries(out, "start")
+
+
+__all__ = ["SESSIONS", "entries", "log", "starts", "timed"]
