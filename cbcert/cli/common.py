@@ -174,7 +174,8 @@ def units_option(what: str):
     (`cbcert.runs.units`); checked with `check_units`."""
     return click.option("--units-at-once", "units", type=int, default=None,
                         help=f"{what} run at once, each in its own thread (default: 2 on CPU, "
-                             "1 on accelerators; the same records either way).")
+                             "1 on accelerators; the same records either way under the default "
+                             "--max-memory, which an explicit one is split between).")
 
 
 def check_units(units: int | None) -> None:

@@ -248,9 +248,10 @@ def _run(world, job: AttackJob, directory: Session, progress, chunk_size,
     records = records_of(records_path, job, pool.indices)
     done = {(r["index"], r["model"], r["eps"]) for r in records}
     inputs = space_inputs(world, pool.latents, job.space, **memory)
-    attacker = Attacker(world, job, chunk_size=chunk_size,
-                        max_memory=split_budget(max_memory, at_once))
-    explainer = _Explainer(world, job, memory) if job.explain else None
+    # The units at once and the explainer (main thread, beside them) share an explicit budget.
+    shared = dict(chunk_size=chunk_size, max_memory=split_budget(max_memory, at_once))
+    attacker = Attacker(world, job, **shared)
+    explainer = _Explainer(world, job, shared) if job.explain else None
 
     units = [
         (b, m, float(e))

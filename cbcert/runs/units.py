@@ -18,9 +18,11 @@ other processes stopped:
   20 iterations) 77 s against 46 s (1.7×).
 
 Each running unit sizes its chunks by the memory budget, so two at once may hold twice the
-bytes of one; runs split an explicit ``max_memory`` between them. Accelerators run one at a
-time (not measured there), and so does a multi-process job, whose units enter collective
-programs that every process must reach in the same order.
+bytes of one; runs split an explicit ``max_memory`` between them (`split_budget`), which may
+shrink the chunks: then the float32 fields are equal only up to rounding
+(docs/reproducibility.md). Accelerators run one at a time (not measured there), and so does a
+multi-process job, whose units enter collective programs that every process must reach in the
+same order.
 """
 
 from __future__ import annotations
