@@ -55,46 +55,22 @@ if _OWNER not in os.environ:
 _HOME = os.environ["CBCERT_HOME"]
 
 
-def _mappings_used() -> float | None:
-    """The share of ``vm.max_map_count`` this process has mapped (None where /proc does not
-    tell: no Linux)."""
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            limit = int(f.read())
-        with open("/proc/self/maps") as f:
-            used = sum(1 for _ in f)
-    except (OSError, ValueError):
-        return None
-    return used / limit if limit > 0 else None
-
-
-# Drop compiled programs once a process has used this share of its memory mappings (below).
-MAPPINGS_HIGH_WATER = 0.5
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _free_compiled_programs():
-    """After a test module, drop every compiled XLA program (``jax.clear_caches``) once the
-    process has used half of its memory mappings, and always where they cannot be counted.
+    """After each test module, drop every compiled XLA program (``jax.clear_caches``).
 
     One pytest process compiles thousands of programs; each holds executable memory mappings,
     and the full suite once died with a segmentation fault inside XLA's compiler after ~90 % of
     the tests while each module alone passes — the signature of a per-process resource
-    (``vm.max_map_count`` = 65530 mappings here) running out. Clearing after every module kept
-    it far away, at the price of tracing and loading again the programs later modules share
-    (the built-in world's, APGD's): five mid-size modules in one process took 8 % longer
-    (docs/DEVELOPMENT.md, 2026-12-06 fourth session), with about 2,000 new mappings per
-    module. Tests within a module keep their compilations (compile-once checks are per module,
-    on functions the module defines).
+    (``vm.max_map_count`` = 65530 mappings here) running out. Tests within a module keep their
+    compilations (compile-once checks are per module).
     """
     yield
     import gc
 
     import jax
 
-    used = _mappings_used()
-    if used is None or used >= MAPPINGS_HIGH_WATER:
-        jax.clear_caches()
+    jax.clear_caches()
     gc.collect()
 
 
