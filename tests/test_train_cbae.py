@@ -29,6 +29,10 @@ FIELDS = dict(output_dim=16, z_dim=16, channel_width=4, num_classes=5,
               layers=((False, 16, 8), (True, 8, 4), (True, 4, 2), (False, 2, 1)),
               attention_layer_position=2, eps=1e-4, n_stats=5)
 NAMES = ("left", "bright", "red")
+# The small runs' settings: one training step program (~10 s of compilation) serves every test
+# that trains at them (the threshold is a constant of the program; 0.6 keeps some of the tiny
+# labeler's logits confident, so the one-step check below sees the concept loss).
+SMALL = dict(batch_size=8, num_unsup=2, threshold=0.6)
 
 
 def tiny_biggan(seed: int = 2) -> bg.BigGAN:
@@ -134,7 +138,7 @@ def test_training_learns_concepts_reconstruction_and_interventions(generator, la
 
 def test_step_matches_a_direct_computation_of_the_upstream_losses(generator, labeler):
     """One step's reported losses equal the formulas evaluated outside the training code."""
-    config = tc.CBAETrainConfig(steps=1, batch_size=8, num_unsup=2, threshold=0.6)
+    config = tc.CBAETrainConfig(steps=1, **SMALL)
     model = tc.new_cbae(CBAEConfig(32, 1, NAMES, 2), 0)
     state = tc.init_state(model, config)
     step = tc.make_step(generator, labeler, model, config)
@@ -169,7 +173,7 @@ def test_resumed_training_is_bit_identical(generator, labeler, tmp_path):
     """A crash (here a RuntimeError at step 4, like kill -9: nothing saved since step 2) and a
     Ctrl-C (KeyboardInterrupt at step 5: saved on the way out) both resume to the same CB-AE
     as an uninterrupted run."""
-    config = tc.CBAETrainConfig(steps=6, batch_size=8, num_unsup=2, seed=3)
+    config = tc.CBAETrainConfig(steps=6, seed=3, **SMALL)
     identity = {"generator": "tiny"}
     straight = runner.run(generator, labeler, NAMES, config, tmp_path / "a", identity=identity,
                       eval_samples=64, log=lambda s: None)
@@ -206,7 +210,7 @@ def test_resumed_training_is_bit_identical(generator, labeler, tmp_path):
 
 
 def test_resume_refuses_other_settings(generator, labeler, tmp_path):
-    config = tc.CBAETrainConfig(steps=4, batch_size=8, num_unsup=2)
+    config = tc.CBAETrainConfig(steps=4, **SMALL)
 
     def interrupt(step, logs):
         if step == 2:
@@ -215,8 +219,8 @@ def test_resume_refuses_other_settings(generator, labeler, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         runner.run(generator, labeler, NAMES, config, tmp_path, identity={"generator": "tiny"},
                save_every=1, log=lambda s: None, on_step=interrupt)
-    other = tc.CBAETrainConfig(steps=4, batch_size=8, num_unsup=2, threshold=0.8)
-    with pytest.raises(ConfigError, match="train.threshold=0.9, not 0.8") as caught:
+    other = tc.CBAETrainConfig(steps=4, **{**SMALL, "threshold": 0.8})
+    with pytest.raises(ConfigError, match="train.threshold=0.6, not 0.8") as caught:
         runner.run(generator, labeler, NAMES, other, tmp_path, identity={"generator": "tiny"},
                log=lambda s: None)
     assert caught.value.key == "out" and "--" not in str(caught.value)  # the CLI names the flag
@@ -238,9 +242,9 @@ def test_run_refuses_bad_inputs(generator, labeler, tmp_path):
 
 
 def test_trained_cbae_plugs_into_the_biggan_generator(generator, labeler, tmp_path):
-    # The batch, unsupervised width and evaluation size of the resume test above: its compiled
-    # training step and evaluation are reused (each compiles for ~10 s).
-    config = tc.CBAETrainConfig(steps=2, batch_size=8, num_unsup=2)
+    # The settings and evaluation size of the resume test above: its compiled training step and
+    # evaluation are reused (each compiles for ~10 s).
+    config = tc.CBAETrainConfig(steps=2, **SMALL)
     runner.run(generator, labeler, NAMES, config, tmp_path, identity={}, eval_samples=64,
            log=lambda s: None)
     cbae, _ = registry.load_module(tmp_path)
