@@ -200,7 +200,8 @@ def kept_figures(monkeypatch):
     def patch(module) -> list:
         figures = []
 
-        def keep(fig, path):
+        def keep(fig, path, **options):
+            del options
             figures.append(fig)
             return path
 

@@ -132,8 +132,7 @@ def test_class_distance_figure_keeps_its_whole_title(tmp_path):
     width = matplotlib.image.imread(path).shape[1]
     plt = pyplot()
     probe = plt.figure(dpi=120)
-    title = probe.suptitle("Class-centroid distances in f_std's feature space (class index on "
-                           "the axes)")
+    title = probe.suptitle(report_worlds.CLASS_DISTANCE_TITLE)
     probe.canvas.draw()
     needed = title.get_window_extent().width
     plt.close(probe)

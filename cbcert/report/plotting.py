@@ -42,15 +42,18 @@ def pyplot():
     return plt
 
 
-def save(fig, path: Path) -> Path:
+def save(fig, path: Path, *, lay_out: bool = True) -> Path:
     """Lay out ``fig``, write it to ``path`` (PNG at 120 dpi, cropped to what is drawn, so no
     title, label or colour-bar caption is cut off), close it; returns ``path``.
 
     Where the figure's suptitle would cover a panel (``tight_layout`` ignores it: on a tall
-    figure it lands on the first row's titles), the panels are laid out again below it."""
-    fig.tight_layout()
+    figure it lands on the first row's titles), the panels are laid out again below it.
+    ``lay_out=False`` keeps the figure's own layout (e.g. a colour bar shared by several
+    panels, which ``tight_layout`` would lay over them) and only crops and writes it."""
     title = fig._suptitle  # matplotlib keeps no public handle on the suptitle's Text
-    if title is not None and title.get_text():
+    if lay_out:
+        fig.tight_layout()
+    if lay_out and title is not None and title.get_text():
         renderer = fig.canvas.get_renderer()
         box = title.get_window_extent(renderer)
         if any(box.overlaps(ax.get_tightbbox(renderer)) for ax in fig.axes if ax.get_visible()):

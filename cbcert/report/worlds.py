@@ -437,6 +437,10 @@ def figure_delta_pfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | 
     return save(fig, path)
 
 
+CLASS_DISTANCE_TITLE = ("Class-centroid distances in f_std's feature space (class index on the "
+                        "axes)")
+
+
 def figure_class_distances_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
     """One class-centroid distance heatmap per world (shared colour scale)."""
     results = [(name, c.summary) for name, _, cells in worlds for c in cells
@@ -456,12 +460,10 @@ def figure_class_distances_worlds(worlds: Sequence[WorldCells], path: Path) -> P
         ax.set_yticks(ticks, [str(i) for i in ticks], fontsize=6)
         ax.set_title(f"{name}: mean {_num(s['mean_off_diagonal'])}", fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), label="‖μ_c − μ_c'‖₂")
-    fig.suptitle("Class-centroid distances in f_std's feature space (class index on the axes)")
+    fig.suptitle(CLASS_DISTANCE_TITLE)
     # Cropped to what is drawn, title included (one world's panel is narrower than the title);
-    # not `save`: tight_layout would lay the colour bar, shared by the panels, over them.
-    fig.savefig(path, dpi=120, bbox_inches="tight", pad_inches=0.05)
-    plt.close(fig)
-    return path
+    # not laid out: tight_layout would lay the colour bar, shared by the panels, over them.
+    return save(fig, path, lay_out=False)
 
 
 def figure_attacks_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
@@ -525,5 +527,5 @@ def cross_world_figures(worlds: Sequence[WorldCells], out: Path, tables: Sequenc
     return draw_plans(plans, out, log, "no world has data for it")
 
 
-__all__ = ["cross_world_figures", "cross_world_tables", "gap_columns",
+__all__ = ["CLASS_DISTANCE_TITLE", "cross_world_figures", "cross_world_tables", "gap_columns",
            "gap_table", "world_cells"]
