@@ -32,3 +32,19 @@ def test_the_suptitle_covers_no_panel_on_short_or_tall_figures(tmp_path, monkeyp
 def test_budget_type_is_semantic_exactly_for_concept_budgets(label, expected):
     # τ, ρ (concept flips) and m (fixed flips) move concepts; ε, σ move the latent code.
     assert budget_type(label) == expected
+
+
+def test_model_colours_are_distinct_fixed_and_not_perturbation_type_colours():
+    from matplotlib.colors import to_rgba
+
+    from cbcert.report.plotting import MODEL_COLOURS, TYPE_COLOURS, model_colour
+
+    built_in = [model_colour(m) for m in ("std", "cbm", "cbmh", "proto")]
+    assert built_in == [MODEL_COLOURS[m] for m in ("std", "cbm", "cbmh", "proto")]
+    rgba = {to_rgba(c) for c in built_in}
+    assert len(rgba) == 4
+    assert not rgba & {to_rgba(c) for c in TYPE_COLOURS.values()}
+    # A library user's own model name: a spare colour, the same on every call, not a role's.
+    assert model_colour("resnet50") == model_colour("resnet50")
+    assert to_rgba(model_colour("resnet50")) not in rgba | {to_rgba(c) for c in
+                                                            TYPE_COLOURS.values()}

@@ -168,3 +168,38 @@ def test_radius_figure_has_a_row_per_noise_and_a_panel_per_scale(kept_figures, t
     assert heights == [0.02] * 4 + [0.04] * 4  # 2 worlds × 2 models, ACR and radius of correct
     rho, flips = axes[2], axes[4]
     assert len(rho.patches) == 4 and len(flips.patches) == 8  # world b has no ρ cell
+
+
+def test_a_model_keeps_its_colour_across_figures(kept_figures):
+    """proto was red in `radius_worlds.png` (fourth of std, cbm, cbmh, proto) and green in
+    `attacks_worlds.png` (third of std, cbm, proto): colours followed each figure's model
+    order (results/paper, 2026-12-06). Now each model's bars are its `model_colour` in both."""
+    from matplotlib.colors import to_rgba
+
+    from cbcert.report.cells import CellResult
+    from cbcert.report.plotting import model_colour
+
+    certify = CellResult("latent-sigma0.1", "certify", {}, {
+        "mode": "certify", "noise": "gaussian", "scale": 0.1,
+        "models": {m: {"acr": 0.1, "radius_of_correct": 0.2}
+                   for m in ("std", "cbm", "cbmh", "proto")}})
+    attack = CellResult("attack-latent", "attack", {}, {"models": {
+        m: {"clean_accuracy": 0.9, "budgets": [{"eps": 0.03, "robust_accuracy": 0.5}]}
+        for m in ("std", "cbm", "proto")}})
+    figures = kept_figures(report_worlds)
+    report_worlds.figure_radius_worlds([("a", "f", (certify,))], None)
+    report_worlds.figure_attacks_worlds([("a", "f", (attack,))], None)
+    radius, attacks = figures
+
+    def solid_colours(figure):
+        """Each legend entry's model → the face colour of its bars."""
+        ax = figure.axes[0]
+        return {c.get_label(): c.patches[0].get_facecolor() for c in ax.containers
+                if c.get_label() and not c.get_label().startswith("_")}
+
+    in_radius, in_attacks = solid_colours(radius), solid_colours(attacks)
+    assert set(in_radius) == {"std", "cbm", "cbmh", "proto"}
+    assert set(in_attacks) == {"std", "cbm", "proto"}
+    for model, colour in in_attacks.items():
+        assert colour == in_radius[model] == to_rgba(model_colour(model)), model
+    assert len(set(in_radius.values())) == 4  # four models, four colours

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cbcert.report.plotting import pyplot, save
+from cbcert.report.plotting import model_colour, pyplot, save
 from cbcert.report.tables import EXPLAIN_MEASURES
 
 
@@ -59,7 +59,7 @@ def figure_explanations(summary: dict, path: Path) -> Path | None:
         low = [e["mean"] - e["low"] if e else 0.0 for e in entries]
         high = [e["high"] - e["mean"] if e else 0.0 for e in entries]
         ax.bar(np.arange(len(measures)) + (i - (len(models) - 1) / 2) * width, means, width,
-               yerr=[low, high], capsize=2, label=model)
+               yerr=[low, high], capsize=2, label=model, color=model_colour(model))
         bottom = min(bottom, *(e["low"] for e in entries if e))  # Kendall τ may be negative
     ax.set_xticks(range(len(measures)), [label for _, label in measures], rotation=35,
                   ha="right", fontsize=7)
@@ -91,7 +91,8 @@ def figure_perturb_explanations(summary: dict, path: Path) -> Path | None:
                         for r in budgets]
                 sd = [0.0 if r[measure][model]["sd"] is None else r[measure][model]["sd"]
                       for r in budgets]
-                ax.errorbar(values, mean, yerr=sd, marker="o", capsize=2, label=model)
+                ax.errorbar(values, mean, yerr=sd, marker="o", capsize=2, label=model,
+                            color=model_colour(model))
             ax.set_xlabel(kind)
             ax.set_ylabel(f"top-k {measure}" if measure == "overlap" else "Kendall τ")
             ax.set_ylim(-1.05 if measure == "kendall" else 0.0, 1.05)

@@ -12,7 +12,7 @@ import numpy as np
 from cbcert.certify.smoothing import SMOOTHINGS, Smoothing, smoothing
 from cbcert.report.cells import CellResult
 from cbcert.report.explain import figure_explanations, figure_perturb_explanations
-from cbcert.report.plotting import TYPE_COLOURS, budget_type, draw_plans, pyplot, save
+from cbcert.report.plotting import TYPE_COLOURS, budget_type, draw_plans, model_colour, pyplot, save
 from cbcert.report.tables import _budget_label
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
@@ -32,7 +32,7 @@ def figure_pfr(cell: CellResult, kind: str, path: Path) -> Path | None:
     for model in cell.summary["settings"]["models"]:
         ax.errorbar(x, [b["pfr"][model]["mean"] for b in budgets],
                     yerr=[b["pfr"][model]["sd"] for b in budgets], marker="o", capsize=3,
-                    label=model)
+                    label=model, color=model_colour(model))
     ax.set(xlabel=_AXES[kind], ylabel="PFR",
            title=f"Prediction flip rate vs {BUDGET_SYMBOLS[kind]}")
     ax.legend()
@@ -47,7 +47,8 @@ def figure_certified_accuracy(cell: CellResult, path: Path) -> Path | None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for model, m in s["models"].items():
-        ax.step(m["radius_grid"], m["certified_accuracy"], where="post", label=model)
+        ax.step(m["radius_grid"], m["certified_accuracy"], where="post", label=model,
+                color=model_colour(model))
     kind = smoothing(s["noise"])
     symbol, unit = kind.symbol, "Hamming radius" if kind.hamming else "L2 radius"
     ax.set(xlabel=unit, ylabel="certified accuracy", ylim=(0, 1.02),
@@ -68,7 +69,7 @@ def figure_vs_scale(cells: Sequence[CellResult], kind: Smoothing, path: Path) ->
     for model in chosen[0].summary["models"]:
         for ax, key in zip(axes, ("smoothed_accuracy", "acr"), strict=True):
             ax.plot(scales, [c.summary["models"][model][key] for c in chosen], marker="o",
-                    label=model)
+                    label=model, color=model_colour(model))
     symbol, acr = kind.symbol, "ACR-H" if kind.hamming else "ACR"
     axes[0].set(xlabel=symbol, ylabel="smoothed accuracy", title=f"SmAcc vs {symbol}")
     axes[1].set(xlabel=symbol, ylabel=acr, title=f"{acr} vs {symbol}")
@@ -155,10 +156,9 @@ def figure_flips_vs_pfr(cell: CellResult, path: Path) -> Path | None:
         return None
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for h, model in enumerate(cell.summary["settings"]["models"]):
+    for model in cell.summary["settings"]["models"]:
         pfr = [b["pfr"][model]["mean"] for b in budgets]
-        # One colour per model in both panels.
-        style = {"label": model, "color": f"C{h}"}
+        style = {"label": model, "color": model_colour(model)}
         axes[0].scatter(pfr, [b["cfr"]["mean"] for b in budgets], **style)
         if all(model in b["dfs"] for b in budgets):
             axes[1].scatter(pfr, [b["dfs"][model]["mean"] for b in budgets], **style)
@@ -199,7 +199,7 @@ def figure_attacks(cells: Sequence[CellResult], path: Path) -> Path | None:
                     robust.append(budget["robust_accuracy"])
                     clean.append(entry["clean_accuracy"])
             ax.bar(xs, clean, width, color="none", edgecolor="0.6", hatch="//")
-            ax.bar(xs, robust, width, label=model)
+            ax.bar(xs, robust, width, label=model, color=model_colour(model))
         ax.set_xticks(range(len(attacks)), [_attack_label(c) for c in attacks], rotation=20,
                       ha="right", fontsize=8)
         ax.set(ylim=(0, 1), title=f"ε = {eps:g}", ylabel="robust accuracy")

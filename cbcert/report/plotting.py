@@ -4,6 +4,7 @@ imports no other figure module, so the figure modules never import each other.""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -20,6 +21,24 @@ KIND_TYPES = {"eps": "geometric", "sigma": "geometric", "tau": "semantic", "rho"
 _SEMANTIC_SYMBOLS = frozenset(
     {BUDGET_SYMBOLS[k] for k, kind_type in KIND_TYPES.items() if kind_type == "semantic"}
     | {s.symbol for s in SMOOTHINGS.values() if s.hamming})
+
+
+# One colour per model in every figure, per-cell and cross-world, so a model is recognised by
+# its colour across the report: near-black std beside Okabe–Ito's colour-blind-safe bluish
+# green (cbm), reddish purple (cbmh) and vermillion (proto). None is a perturbation-type colour
+# (`TYPE_COLOURS`), which colours titles and tick labels beside the models' lines and bars.
+MODEL_COLOURS = {"std": "#222222", "cbm": "#009E73", "cbmh": "#CC79A7", "proto": "#D55E00"}
+# Models outside `MODEL_COLOURS` (a library user's own names) take one of these, by name.
+_SPARE_COLOURS = ("tab:olive", "tab:cyan", "tab:brown", "tab:gray")
+
+
+def model_colour(model: str) -> str:
+    """The colour of ``model`` in every figure: `MODEL_COLOURS` for the built-in roles (std,
+    cbm, cbmh, proto), otherwise a spare colour chosen by a CRC-32 of the name — the same in
+    every figure and run, whatever other models a figure draws."""
+    if model in MODEL_COLOURS:
+        return MODEL_COLOURS[model]
+    return _SPARE_COLOURS[zlib.crc32(model.encode()) % len(_SPARE_COLOURS)]
 
 
 def budget_type(label: str) -> str:
@@ -80,4 +99,5 @@ def draw_plans(plans: Sequence[tuple[str, Callable[[Path], Path | None]]], out: 
     return written
 
 
-__all__ = ["KIND_TYPES", "TYPE_COLOURS", "budget_type", "draw_plans", "pyplot", "save"]
+__all__ = ["KIND_TYPES", "MODEL_COLOURS", "TYPE_COLOURS", "budget_type", "draw_plans",
+           "model_colour", "pyplot", "save"]

@@ -31,8 +31,10 @@ Reads every world directory's finished cells (`find_cells`) and writes, into ``<
 A figure without data is skipped with a note; each world also gets its own report
 (``<run>/<world>/report/``), linked from ``report.md``.
 
+Every model keeps one colour in every figure (`cbcert.report.plotting.model_colour`).
+
 Size: every cross-world table and figure in one place, on the shared `WorldCells` and the
-perturbation-type colours; each figure is one function.
+perturbation-type and model colours; each figure is one function.
 """
 
 from __future__ import annotations
@@ -48,7 +50,15 @@ from cbcert.certify.smoothing import SMOOTHINGS
 from cbcert.report.cells import CellResult, DamagedFileError, ReportError, find_cells
 from cbcert.report.figures import robustness_gaps
 from cbcert.report.findings import figure_findings, findings_table
-from cbcert.report.plotting import KIND_TYPES, TYPE_COLOURS, budget_type, draw_plans, pyplot, save
+from cbcert.report.plotting import (
+    KIND_TYPES,
+    TYPE_COLOURS,
+    budget_type,
+    draw_plans,
+    model_colour,
+    pyplot,
+    save,
+)
 from cbcert.report.tables import Table, _num, tables
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
 
@@ -277,9 +287,9 @@ def figure_pfr_models_worlds(worlds: Sequence[WorldCells], path: Path) -> Path |
                     ax.errorbar([b["value"] for b in budgets],
                                 [b["pfr"][model]["mean"] for b in budgets],
                                 yerr=[b["pfr"][model]["sd"] for b in budgets], marker="o",
-                                markersize=3, capsize=2, color=f"C{j + 2}", label=model,
-                                linestyle=("-", "--", ":", "-.")[j % 4],
-                                linewidth=2.2 if j == 0 else 1.2)
+                                markersize=3, capsize=2, color=model_colour(model),
+                                label=model, linestyle=("-", "--", ":", "-.")[j % 4],
+                                linewidth=2.2 if model == "std" else 1.2)
             symbol = _PFR_AXES[kind]
             ax.set_title(f"{name}: {symbol}" if family is None else
                          f"{name} ({family}): {symbol}", fontsize=8,
@@ -370,8 +380,9 @@ def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | Non
                     xs.append(i + (j - (len(models) - 1) / 2) * width)
                     acr.append(entry.get("acr") or 0.0)
                     correct.append(entry.get("radius_of_correct") or 0.0)
-                ax.bar(xs, correct, width, color="none", edgecolor=f"C{j}", hatch="//")
-                ax.bar(xs, acr, width, color=f"C{j}", label=model)
+                ax.bar(xs, correct, width, color="none", edgecolor=model_colour(model),
+                       hatch="//")
+                ax.bar(xs, acr, width, color=model_colour(model), label=model)
             ax.set_xticks(range(len(by_world)), [n for n, _ in by_world], rotation=30,
                           ha="right", fontsize=8)
             ax.set_title(f"{symbol} = {scale:g}")
@@ -417,7 +428,7 @@ def figure_delta_pfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | 
                     continue
                 x = i + (j - (len(pairs) - 1) / 2) * width
                 mean, sd = c["delta"]["mean"], c["delta"]["sd"]
-                ax.bar(x, mean, width, yerr=sd, capsize=3, color=f"C{j + 2}",
+                ax.bar(x, mean, width, yerr=sd, capsize=3, color=model_colour(other),
                        label=f"std − {other}" if i == 0 else None)
                 tip = mean + sd if mean >= 0 else mean - sd
                 ax.annotate(f"p={c['p_holm']:.2g}", (x, tip), fontsize=6, ha="center",
@@ -495,7 +506,7 @@ def figure_attacks_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | No
                 robust.append(budget["robust_accuracy"])
                 clean.append(entry["clean_accuracy"])
             ax.bar(xs, clean, width, color="none", edgecolor="0.6", hatch="//")
-            ax.bar(xs, robust, width, color=f"C{j}", label=model)
+            ax.bar(xs, robust, width, color=model_colour(model), label=model)
         ax.set_xticks(range(len(by_world)), [n for n, _ in by_world], rotation=30, ha="right",
                       fontsize=8)
         ax.set(ylim=(0, 1), title=f"{cell_name}, ε={top_eps:g}" if top_eps is not None
