@@ -59,7 +59,9 @@ def to_cbcert(cbae: torch.nn.Module, num_ws: int, directory):
 
 
 def test_one_step_equals_pytorch(tmp_path):
-    """The five losses within 1e-5 relative (1e-6 absolute); every running mean within 2e-5;
+    """The five losses within 1e-5 relative (1e-6 absolute; the two intervention losses, taken
+    after the first Adam step, also 2·lr·Σ|∂loss/∂θ| over the weights whose first-phase gradient
+    is ≤ 1e-6, which that step may move in opposite directions); every running mean within 2e-5;
     every CB-AE parameter whose gradient exceeds 1e-6 in both phases within 2e-5 of PyTorch's
     after the step but at most 0.2 % of them (1 of ~950 when written); every parameter within
     the two Adam steps' bound 2·lr (float32; each step moves a weight by up to lr = 2e-4).
@@ -142,6 +144,17 @@ def test_one_step_equals_pytorch(tmp_path):
     s_new = label_t(g2(tiled(w_new)))
     i1 = pair_ce(torch.stack([torch.zeros_like(s_new), s_new], dim=-1), target).mean(0).sum()
     i2 = pair_ce(pairs(c_new), target).mean(0).sum()
+    # The intervention losses are taken at the weights after the first Adam step, where a weight
+    # whose reconstruction gradient is ~0 moves by about lr·sign(g): the two frameworks may move
+    # it in opposite directions (2·lr apart; see the weight checks below). To first order that
+    # moves a loss by at most 2·lr·Σ|∂loss/∂θ| over those weights: their share of the tolerance.
+    tiny = [q.grad.abs() <= 1e-6 for q in cbae_t.parameters()]
+    slack = {}
+    for name, loss in (("interv_image", i1), ("interv_latent", i2)):
+        grads = torch.autograd.grad(loss, list(cbae_t.parameters()), retain_graph=True,
+                                    allow_unused=True)
+        slack[name] = sum(float((g.abs() * t).sum()) for g, t in zip(grads, tiny, strict=True)
+                          if g is not None) * 2 * 2e-4
     adam_b.zero_grad()
     (i1 + i2).backward()
     smallest = {n: torch.minimum(smallest[n], q.grad.abs()) for n, q in cbae_t.named_parameters()}
@@ -150,8 +163,8 @@ def test_one_step_equals_pytorch(tmp_path):
     expected = {"latent": latent, "image": image, "concept": concept_loss, "interv_image": i1,
                 "interv_latent": i2}
     for name, value_t in expected.items():
-        np.testing.assert_allclose(float(logs[name]), value_t.item(), rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
+        np.testing.assert_allclose(float(logs[name]), value_t.item(), rtol=1e-5,
+                                   atol=1e-6 + slack.get(name, 0.0), err_msg=name)
     assert 0 < float(keep.float().mean()) < 1  # the threshold masks some labels, not all
 
     theirs = flat(to_cbcert(cbae_t.eval(), num_ws, tmp_path))
