@@ -123,20 +123,44 @@ def test_timed_logs_a_cell_done_or_stopped_with_its_wall_time(tmp_path):
     assert all(0 <= e["seconds"] < 60 for e in (*log["a"], *log["b"]))
 
 
-def test_the_committed_paper_runs_pace_prices_its_unfinished_cells():
-    """On `results/paper` (committed, partly finished): every finished certification and
-    attack cell is measured from its records, and the estimate is the sum over unfinished
-    cells, each at most its kind's whole price (an interrupted one less)."""
+def test_the_committed_paper_run_is_done_and_prices_cells_made_unfinished(tmp_path):
+    """On `results/paper` (committed, complete): every finished certification and attack cell
+    is measured from its records and nothing is left to price. In a copy where one
+    certification cell is gone and one attack cell holds half its records, the estimate is
+    the sum over those two, the whole one at its kind's price and the half-done one at the
+    rest of its price (`time_left`'s formula), so strictly between the one and both whole."""
     root = Path(__file__).resolve().parent.parent
     out = root / "results" / "paper"
     planned = sweep.plan_cells(load_config(root / "configs" / "paper.yaml"))
     finished = {s.name for s in sweep.sweep_status(out, planned) if s.state == "done"}
-    timed = [c for c in planned if c.name in finished and c.kind in pace.TIMED_RECORDS]
+    assert finished == {c.name for c in planned}
+    timed = [c for c in planned if c.kind in pace.TIMED_RECORDS]
     assert len(timed) >= 12
     assert all(pace.measured_seconds(out, c) > 0 for c in timed)
     left = pace.time_left(out, planned, finished)
-    assert left.measured >= len(timed) and left.unfinished == len(planned) - len(finished)
-    overall = max(left.pace.values())
-    whole = sum(sweep.cell_cost(c) * left.pace.get(c.kind, overall)
-                for c in planned if c.name not in finished)
-    assert 0 < left.seconds <= whole
+    assert (left.seconds, left.unfinished) == (0.0, 0) and left.measured >= len(timed)
+
+    by_name = {c.name: c for c in planned}
+    gone = by_name["default/latent-sigma0.1"]
+    half = by_name["vocab12/attack-latent-smoothed-sigma0.1"]
+    assert (gone.kind, half.kind) == ("certify", "attack")
+    copy = tmp_path / "paper"
+    copy.mkdir()
+    (copy / sessions.SESSIONS).write_bytes((out / sessions.SESSIONS).read_bytes())
+    for cell in planned:
+        (copy / cell.name).parent.mkdir(parents=True, exist_ok=True)
+        if cell not in (gone, half):
+            (copy / cell.name).symlink_to(out / cell.name, target_is_directory=True)
+    (copy / half.name).mkdir()
+    (copy / half.name / "run.json").write_bytes((out / half.name / "run.json").read_bytes())
+    lines = (out / half.name / RECORDS).read_text().splitlines(keepends=True)
+    (copy / half.name / RECORDS).write_text("".join(lines[: len(lines) // 2]))
+    still = {s.name for s in sweep.sweep_status(copy, planned) if s.state == "done"}
+    assert still == finished - {gone.name, half.name}
+    share = pace.done_fraction(copy, half)
+    assert 0.45 < share < 0.55
+    left = pace.time_left(copy, planned, still)
+    price = {c.name: sweep.cell_cost(c) * left.pace[c.kind] for c in (gone, half)}
+    assert left.unfinished == 2
+    assert left.seconds == pytest.approx(price[gone.name] + price[half.name] * (1 - share))
+    assert price[gone.name] < left.seconds < price[gone.name] + price[half.name]
