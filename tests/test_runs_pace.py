@@ -7,7 +7,7 @@ import pytest
 
 from cbcert.runs import pace, sessions, sweep
 from cbcert.runs.config import load_config
-from cbcert.runs.directory import RECORDS
+from cbcert.runs.directory import RECORDS, RUN
 
 CONFIG = """\
 preset: smoke
@@ -152,7 +152,7 @@ def test_the_committed_paper_run_is_done_and_prices_cells_made_unfinished(tmp_pa
         if cell not in (gone, half):
             (copy / cell.name).symlink_to(out / cell.name, target_is_directory=True)
     (copy / half.name).mkdir()
-    (copy / half.name / "run.json").write_bytes((out / half.name / "run.json").read_bytes())
+    (copy / half.name / RUN).write_bytes((out / half.name / RUN).read_bytes())
     lines = (out / half.name / RECORDS).read_text().splitlines(keepends=True)
     (copy / half.name / RECORDS).write_text("".join(lines[: len(lines) // 2]))
     still = {s.name for s in sweep.sweep_status(copy, planned) if s.state == "done"}
