@@ -114,6 +114,8 @@ RULES: Mapping[str, Rule] = types.MappingProxyType(
         "sigma": _FLOAT32_SCALE,
         "rho": Rule(0.0, 0.5, low_open=True, high_open=True),
         "alpha": Rule(0.0, 1.0, low_open=True, high_open=True),
+        # A share strictly between 0 and 1 (a significance level, an equivalence margin).
+        "fraction": Rule(0.0, 1.0, low_open=True, high_open=True),
         "eps": _FLOAT32_SCALE,
         "count": Rule(1, integer=True),
         # Monte Carlo samples per input: the engine numbers samples with int32 (SPEC §7).

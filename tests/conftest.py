@@ -156,7 +156,8 @@ _LONGEST_FIRST = (
     "test_runs_perturb", "test_cli", "test_api", "test_runs_explain", "test_builtin",
     "test_apgd", "test_examples", "test_runs_sweep",
 )
-_GROUPS = {"test_paper": "paper_run", "test_report_worlds": "paper_run"}
+_GROUPS = {"test_paper": "paper_run", "test_report_worlds": "paper_run",
+           "test_report_family": "paper_run"}
 _MAX_WORKERS = 4  # each worker holds GiBs of compiled programs
 
 

@@ -8,16 +8,20 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+import jax
+import matplotlib
 import numpy as np
 import pytest
+import scipy
 from click.testing import CliRunner
 
+import cbcert
 from cbcert.cli import main
 from cbcert.report import cells, figures, tables
 from cbcert.report import write as report
 from cbcert.robustness import stats
 from cbcert.runs import attack as attack_runner
-from cbcert.runs import sessions, sweep
+from cbcert.runs import machine, provenance, sessions, sweep
 from cbcert.runs.config import load_config
 from cbcert.runs.directory import RECORDS
 from cbcert.worlds.builtin import untrained_world
@@ -308,7 +312,8 @@ def test_single_runner_directory_and_cli(run_dir, tmp_path):
     assert result.exit_code == 0, result.output
     assert "skipped pfr_vs_eps" in result.output.replace("\n", " ")
     out = run_dir / "latent-sigma0.5" / report.REPORT_DIR
-    assert sorted(p.name for p in out.glob("*.csv")) == ["certification_latent.csv"]
+    assert sorted(p.name for p in out.glob("*.csv")) == ["certification_latent.csv",
+                                                          "provenance.csv"]
     empty = tmp_path / "empty"
     empty.mkdir()
     result = CliRunner().invoke(main, ["report", str(empty)])
@@ -546,3 +551,58 @@ def test_sessions_line_sums_the_finished_cells_wall_time(tmp_path):
     assert _sessions_line(tmp_path, manifest).endswith(
         " Wall time of the finished cells: 2 min over 2 cells (1 more without a recorded "
         "time).")
+
+
+def test_the_header_names_the_reports_own_revision_and_versions_and_no_time(run_dir, written):
+    own = report.report_provenance()
+    assert own == {"git_revision": machine.git_revision(), "versions": {
+        "cbcert": cbcert.__version__, "jax": jax.__version__, "numpy": np.__version__,
+        "scipy": scipy.__version__, "matplotlib": matplotlib.__version__}}
+    assert json.loads((run_dir / report.REPORT_DIR / report.PROVENANCE).read_text()) == own
+    markdown = (run_dir / report.REPORT_DIR / "report.md").read_text()
+    where = f"git `{own['git_revision']}`" if own["git_revision"] else "a tree outside git"
+    versions = ", ".join(f"{k} {v}" for k, v in own["versions"].items())
+    assert f"Written by cbcert at {where}" in markdown and versions in markdown
+    assert not re.search(r"\d\d:\d\d:\d\d", markdown)  # no time of day: reproducible
+
+
+def test_provenance_table_lists_each_cells_writers(run_dir, written):
+    """The sweep's cells list the one session that wrote them in run.json; the attack cell,
+    written by hand without a list or a cell line, is unknown."""
+    rows = {r["cell"]: r for r in _csv(run_dir, "provenance")}
+    start = json.loads((run_dir / sessions.SESSIONS).read_text().splitlines()[0])
+    for name in ("latent-sigma0.25", "latent-sigma0.5", "perturb"):
+        assert rows[name]["sessions"] == "1" and rows[name]["mixed"] == "no"
+        assert rows[name]["source"] == "run.json" and rows[name]["note"] == ""
+        assert rows[name]["revisions"] == (start["git_revision"] or "no git")[:7]
+        assert rows[name]["machines"] == provenance.machine_label(start["machine"])
+    assert {k: rows["attack-latent"][k] for k in ("sessions", "revisions", "mixed", "source")} \
+        == {"sessions": "", "revisions": "unknown", "mixed": "unknown", "source": "unknown"}
+    markdown = (run_dir / report.REPORT_DIR / "report.md").read_text()
+    assert ("Provenance (table `provenance`): 0 of 4 cells written by more than one git "
+            "revision or machine, 1 whose writers are not all known.") in markdown
+
+
+def test_a_cell_written_at_two_revisions_is_mixed(tmp_path):
+    """Its run.json lists both sessions: the row names both revisions and says mixed."""
+    cell = cells.CellResult("cell", "classes", {"sessions": [
+        {"time": "2026-01-01T00:00:00+00:00", "git_revision": "a" * 40,
+         "machine": {"cpu": "Xeon", "isa": ["avx2"]}, "records_before": 0},
+        {"time": "2026-01-02T00:00:00+00:00", "git_revision": "b" * 40,
+         "machine": {"cpu": "Xeon", "isa": ["avx2"]}, "records_before": 5}]}, {},
+        tmp_path / "cell")
+    (table,) = tables.provenance_table([cell])
+    assert table.rows == (("cell", 2, "aaaaaaa, bbbbbbb", "Xeon (avx2)", "yes", "run.json",
+                           None),)
+
+
+def test_rewriting_the_report_of_a_run_gives_the_same_bytes(run_dir, written, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / report.REPORT_DIR)
+    report.write_report(copy, log=lambda _: None)
+    first = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    report.write_report(copy, log=lambda _: None)
+    again = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    assert again == first
+    assert any(p.name == report.PROVENANCE for p in first)

@@ -53,7 +53,8 @@ def test_every_world_gets_its_own_report_and_is_linked(run_dir, notes):
 
 
 def test_stacked_tables_hold_each_worlds_rows_under_its_name(run_dir, notes):
-    for table in ("certification_latent", "certification_concept", "perturb", "attack"):
+    for table in ("certification_latent", "certification_concept", "perturb", "attack",
+                  "provenance"):
         rows = _csv(run_dir / REPORT_DIR / f"worlds_{table}.csv")
         for name in WORLDS:
             own = _csv(run_dir / name / REPORT_DIR / f"{table}.csv")

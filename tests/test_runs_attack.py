@@ -150,6 +150,8 @@ def test_resume_gives_the_same_records_and_summary(base_run, tmp_path):
     again = run(WORLD, BASE, resumed)
     assert again == summary
     assert _without_time(_records(resumed)) == _without_time(_records(out))
+    listed = json.loads((resumed / "run.json").read_text())["sessions"]
+    assert [e["records_before"] for e in listed] == [0, 13]  # the first run's entry kept
 
 
 def test_rerun_with_other_settings_is_refused(base_run, tmp_path):

@@ -67,6 +67,12 @@ def test_resume_gives_identical_records_and_summary(world, tmp_path, noise, scal
         full["models"])
     assert sorted(map(_strip, _lines(part)), key=_key) == sorted(
         map(_strip, _lines(tmp_path / "full")), key=_key)
+    # run.json keeps the sessions listed before and appends the resuming one, which found the
+    # interrupted run's complete lines (not the torn one).
+    listed = json.loads((tmp_path / "full" / "run.json").read_text())["sessions"]
+    appended = json.loads((part / "run.json").read_text())["sessions"]
+    assert [e["records_before"] for e in listed] == [0] and appended[0] == listed[0]
+    assert [e["records_before"] for e in appended] == [0, len(first.splitlines())]
 
 
 def _key(record):
@@ -262,6 +268,12 @@ def test_sequential_records_are_identical_across_chunk_sizes_and_resumption(worl
     resumed = run(world, job, part, chunk_size=5)
     assert sorted(map(_strip, _lines(part)), key=_key) == sorted(
         map(_strip, _lines(tmp_path / "full")), key=_key)
+    # run.json keeps the sessions listed before and appends the resuming one, which found the
+    # interrupted run's complete lines (not the torn one).
+    listed = json.loads((tmp_path / "full" / "run.json").read_text())["sessions"]
+    appended = json.loads((part / "run.json").read_text())["sessions"]
+    assert [e["records_before"] for e in listed] == [0] and appended[0] == listed[0]
+    assert [e["records_before"] for e in appended] == [0, len(first.splitlines())]
     assert _untimed(resumed["models"]) == _untimed(full["models"])
     assert {k: v for k, v in resumed["samples"].items() if k != "per_second"} == {
         k: v for k, v in full["samples"].items() if k != "per_second"}

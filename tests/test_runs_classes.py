@@ -57,7 +57,10 @@ def test_classes_cell_writes_the_summary_once_and_pins_its_settings(tmp_path, mo
     assert json.loads((out / SUMMARY).read_text()) == summary
     assert json.loads((out / RUN).read_text())["classes"] == {"samples": 40, "seed": 1}
     assert json.loads((out / RUN).read_text())["kind"] == summary.kind == "classes"
+    listed = json.loads((out / RUN).read_text())["sessions"]
+    assert len(listed) == 1 and listed[0]["records_before"] == 0
     monkeypatch.setattr(classes, "class_distances", lambda *a, **k: pytest.fail("recomputed"))
     assert classes.run(world, classes.ClassesJob(samples=40, seed=1), out) == summary
+    assert json.loads((out / RUN).read_text())["sessions"] == listed  # read, not written
     with pytest.raises(RunMismatchError, match="different settings"):
         classes.run(world, classes.ClassesJob(samples=41, seed=1), out)

@@ -420,6 +420,9 @@ def test_a_rerun_may_draw_another_judge_subset(finished, world):
     run(world, replace(JOB, judge_inputs=2, rho=None), out / "again", chunk_size=64)
     registered = json.loads((out / "again" / bundle.SUBSET).read_text())
     assert registered["positions"] == draw_subset(1, 6, 2).tolist()
+    # Each run rewrote the records whole: run.json lists both, the second finding the first's.
+    listed = json.loads((out / "again" / "run.json").read_text())["sessions"]
+    assert [e["records_before"] for e in listed] == [0, len(_records(out / "again"))]
     with pytest.raises(ValueError, match="eps"):  # a setting of the records is still pinned
         run(world, replace(JOB, judge_inputs=2, rho=None, eps=0.2), out / "again",
             chunk_size=64)

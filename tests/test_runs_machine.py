@@ -25,3 +25,14 @@ def test_lscpu_fields_are_parsed_and_its_absence_is_not_an_error(monkeypatch):
     monkeypatch.setattr(subprocess, "run", missing)
     model, flags = machine.cpu_description()
     assert model and flags == []
+
+
+def test_provenance_is_what_a_session_records_about_itself():
+    import cbcert
+
+    own = machine.provenance()
+    assert set(own) == {"git_revision", "versions", "machine"}
+    assert own["versions"]["cbcert"] == cbcert.__version__
+    assert set(own["versions"]) == {"cbcert", "jax", "flax", "numpy"}
+    assert own["machine"]["cpu"] == machine.describe()["cpu"]
+    assert own["git_revision"] == machine.git_revision()

@@ -145,8 +145,13 @@ def test_resume_after_interruption_gives_identical_records_and_summary(world, fi
     (part / "eps0.5.jsonl").write_text("".join(lines[:7]) + lines[7][:20])
     (part / "tau3.jsonl").unlink()
     (part / SUMMARY).unlink()
+    kept = sum(len(f.read_text().splitlines()) for f in part.glob("*.jsonl")) - 1  # torn: not one
     resumed = run(world, JOB, part, chunk_size=CHUNK)
     assert resumed.summary == result.summary
+    # The resuming session is appended to run.json's sessions, counting every budget's lines.
+    listed = json.loads((part / RUN).read_text())["sessions"]
+    assert listed[0] == json.loads((full / RUN).read_text())["sessions"][0]
+    assert [e["records_before"] for e in listed] == [0, kept]
     assert json.loads((part / SUMMARY).read_text()) == result.summary
     for name in ("eps0.5.jsonl", "tau3.jsonl"):
         key = lambda r: r["index"]  # noqa: E731

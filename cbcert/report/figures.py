@@ -58,21 +58,28 @@ def figure_certified_accuracy(cell: CellResult, path: Path) -> Path | None:
 
 
 def figure_vs_scale(cells: Sequence[CellResult], kind: Smoothing, path: Path) -> Path | None:
-    """SmAcc and ACR (ACR-H) per model vs the scale of one smoothing ``kind`` (σ or ρ)."""
+    """SmAcc, R̄ and ACR (ACR-H) per model vs the scale of one smoothing ``kind`` (σ or ρ):
+    R̄ is the mean radius over correctly predicted inputs, the radius the method plots (its R
+    and Δ⋆); ACR averages over all inputs, wrong and abstaining ones counting 0."""
     chosen = sorted((c for c in cells if c.kind == "certify" and c.summary["noise"] == kind.kind
                      and c.summary["mode"] == "certify"), key=lambda c: c.summary["scale"])
     if not chosen:
         return None
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
     scales = [c.summary["scale"] for c in chosen]
+    keys = ("smoothed_accuracy", "radius_of_correct", "acr")
     for model in chosen[0].summary["models"]:
-        for ax, key in zip(axes, ("smoothed_accuracy", "acr"), strict=True):
-            ax.plot(scales, [c.summary["models"][model][key] for c in chosen], marker="o",
+        for ax, key in zip(axes, keys, strict=True):
+            values = [c.summary["models"][model].get(key) for c in chosen]
+            ax.plot(scales, [math.nan if v is None else v for v in values], marker="o",
                     label=model, color=model_colour(model))
     symbol, acr = kind.symbol, "ACR-H" if kind.hamming else "ACR"
+    unit = "Hamming radius" if kind.hamming else "L2 radius"
     axes[0].set(xlabel=symbol, ylabel="smoothed accuracy", title=f"SmAcc vs {symbol}")
-    axes[1].set(xlabel=symbol, ylabel=acr, title=f"{acr} vs {symbol}")
+    axes[1].set(xlabel=symbol, ylabel=f"R̄ ({unit})",
+                title=f"R̄ over correct inputs vs {symbol}")
+    axes[2].set(xlabel=symbol, ylabel=f"{acr} ({unit})", title=f"{acr} over all inputs vs {symbol}")
     axes[0].legend()
     return save(fig, path)
 
@@ -112,21 +119,30 @@ def robustness_gaps(cells: Sequence[CellResult]) -> tuple[list[str], list[str], 
 def figure_gap_heatmap(cells: Sequence[CellResult], path: Path) -> Path | None:
     """Heatmap of `robustness_gaps`, values annotated. Every colour scale holds one unit: the
     colour of a cell is its gap divided by the largest |gap| of its column — and within
-    ΔACR, of its unit (L2 radii on the σ rows, Hamming radii on the ρ and m rows) — so a
-    fraction is never compared with a radius by colour; budget labels are coloured by
-    perturbation type (blue geometric ε, σ, latent attacks; orange semantic τ, ρ, m)."""
+    ΔR̄ and ΔACR, of its unit (L2 radii on the σ rows, Hamming radii on the ρ and m rows) — so
+    a fraction is never compared with a radius by colour; budget labels are coloured by
+    perturbation type (blue geometric ε, σ, latent attacks; orange semantic τ, ρ, m). ΔR̄ =
+    R̄_cbm − R̄_std over correctly predicted inputs (the method's radius gap) stands beside
+    ΔACR over all inputs."""
     import numpy as np
 
     rows, columns, values = robustness_gaps(cells)
     if not rows:
         return None
+    # ΔR̄ beside ΔACR: the method's radius is R̄, over correctly predicted inputs only.
+    radius = _radius_of_correct_gaps(cells)
+    at = columns.index("ΔACR (cbm−std)")
+    columns = [*columns[:at], "ΔR̄ (cbm−std)", *columns[at:]]
+    values = [[*row[:at], radius.get(label, math.nan), *row[at:]]
+              for label, row in zip(rows, values, strict=True)]
     data = np.array(values, dtype=np.float64)  # [budgets, metrics]
     keep = ~np.all(np.isnan(data), axis=0)
     data, columns = data[:, keep], [c for c, k in zip(columns, keep, strict=True) if k]
     semantic = np.array([budget_type(r) == "semantic" for r in rows])
     scaled = np.full_like(data, np.nan)
     for j, column in enumerate(columns):
-        groups = [semantic, ~semantic] if column.startswith("ΔACR") else [np.ones_like(semantic)]
+        groups = ([semantic, ~semantic] if column.startswith(("ΔACR", "ΔR̄"))
+                  else [np.ones_like(semantic)])
         for rows_of_unit in groups:
             part = data[rows_of_unit, j]
             bound = float(np.nanmax(np.abs(part))) if np.isfinite(part).any() else 0.0
@@ -147,6 +163,19 @@ def figure_gap_heatmap(cells: Sequence[CellResult], path: Path) -> Path | None:
                                      "(positive = CBM more robust)")
     ax.set_title("std vs cbm robustness gap (labels: blue geometric, orange semantic)")
     return save(fig, path)
+
+
+def _radius_of_correct_gaps(cells: Sequence[CellResult]) -> dict[str, float]:
+    """``R̄_cbm − R̄_std`` (mean radius over correctly predicted inputs) per certification
+    cell, keyed like the rows of `robustness_gaps` (``"σ=0.1 (certify)"``)."""
+    gaps = {}
+    for cell in cells:
+        s = cell.summary
+        if cell.kind == "certify" and {"std", "cbm"} <= set(s["models"]):
+            std, cbm = (s["models"][m].get("radius_of_correct") for m in ("std", "cbm"))
+            if std is not None and cbm is not None:
+                gaps[f"{smoothing(s['noise']).symbol}={s['scale']:g} ({s['mode']})"] = cbm - std
+    return gaps
 
 
 def figure_flips_vs_pfr(cell: CellResult, path: Path) -> Path | None:

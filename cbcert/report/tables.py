@@ -1,5 +1,5 @@
 """Report tables: certification, empirical flip rates with paired tests, attacks, class
-distances, explanations (CSV + Markdown).
+distances, explanations, who wrote each cell (CSV + Markdown).
 
 CSV cells hold the summary's numbers at full precision (``repr`` of the float); Markdown rounds
 to 4 significant digits and shows ``mean ± sd`` pairs in one column.
@@ -20,6 +20,7 @@ from cbcert.robustness.attacks import FIELDS as ATTACK_TEST_FIELDS
 from cbcert.robustness.attacks import paired_attack_tests
 from cbcert.robustness.certification import radius_of_correct_by_subset, radius_tests
 from cbcert.runs.directory import RECORDS, RecordsError, read_records
+from cbcert.runs.provenance import cell_provenance
 from cbcert.schema import value_name
 
 # Certified-accuracy columns: multiples of σ for L2 radii, absolute Hamming radii.
@@ -398,7 +399,22 @@ def _count(cells: Sequence[CellResult], kind: str) -> int:
     return sum(c.kind == kind for c in cells)
 
 
+def provenance_table(cells: Sequence[CellResult]) -> list[Table]:
+    """Who wrote each cell (`cbcert.runs.provenance.cell_provenance`): its sessions, their
+    revisions and machines, whether more than one of either did."""
+    rows = [(cell.name, p.sessions,
+             ", ".join((r or "no git")[:7] for r in p.revisions) or "unknown",
+             "; ".join(p.machines) or "unknown", p.mixed, p.source, p.note or None)
+            for cell in cells for p in (cell_provenance(cell.path, cell.run),)]
+    title = ("Who wrote each cell: sessions, git revisions, machines (CPU, ISA flags); mixed: "
+             "more than one revision or machine (unknown: not every writer known, see note); "
+             "source: run.json, or sessions.jsonl where derived from the sweep's log")
+    return [Table("provenance", title, ("cell", "sessions", "revisions", "machines", "mixed",
+                                        "source", "note"), tuple(rows))] if rows else []
+
+
 def tables(cells: Sequence[CellResult]) -> list[Table]:
     """All tables of a run, in report order."""
     return [*certification_tables(cells), *perturb_tables(cells), *attack_tables(cells),
-            *attack_test_tables(cells), *classes_tables(cells), *explain_tables(cells)]
+            *attack_test_tables(cells), *classes_tables(cells), *explain_tables(cells),
+            *provenance_table(cells)]

@@ -5,12 +5,14 @@ Reads every world directory's finished cells (`find_cells`) and writes, into ``<
 * ``worlds_<table>.csv`` for every per-world table (certification, subsets and their tests,
   perturb and its tests, attack, the classes' distance matrices): the rows of every world
   under leading ``world`` and ``family`` columns (columns a world lacks are empty);
-* ``worlds_findings.csv``, first in ``report.md``: every std-vs-model difference of the
-  certification radius test, the flip-rate tests and the attack tests with its 95 % interval,
-  relative size and Holm-adjusted p (`cbcert.report.findings`);
-* ``findings_worlds.png``: those differences relative to std's value with their intervals, a
-  panel per unit (L2 radius, Hamming radius, flip rate, robust accuracy), colour by
-  perturbation type;
+* ``worlds_hypotheses.csv`` and ``worlds_hypotheses_summary.csv``, first in ``report.md``:
+  every hypothesis of the run in one family — pooled paired tests over every input, Holm and
+  Benjamini–Hochberg across the whole run, TOST equivalence, the verdict, and the method's
+  subset test beside it (`cbcert.report.family`);
+* ``method_comparison.csv`` and ``method_comparison_headlines.csv``: the method's claims, its
+  numbers beside the run's, and whether they agree (`cbcert.report.claims`);
+* ``findings_<model>.png``: std against each model over the whole run, std's advantage with
+  its interval on a scale of its own (`cbcert.report.findings`);
 * ``worlds_gap.csv`` and ``robustness_gap_worlds.png``: the std-vs-cbm gaps (`robustness_gaps`),
   one row per world, one column per budget × metric; the figure draws one heatmap per unit
   (fractions of ΔPFR, ΔSmAcc, ΔRobAcc; L2 and Hamming ΔACR apart), each on its own scale;
@@ -48,8 +50,10 @@ import numpy as np
 
 from cbcert.certify.smoothing import SMOOTHINGS
 from cbcert.report.cells import CellResult, DamagedFileError, ReportError, find_cells
+from cbcert.report.claims import comparison_table, headline_table, load_claims
+from cbcert.report.family import Family, family_table, hypotheses, run_family, summary_table
 from cbcert.report.figures import robustness_gaps
-from cbcert.report.findings import figure_findings, findings_table
+from cbcert.report.findings import figure_findings
 from cbcert.report.plotting import (
     KIND_TYPES,
     TYPE_COLOURS,
@@ -61,6 +65,7 @@ from cbcert.report.plotting import (
 )
 from cbcert.report.tables import Table, _num, tables
 from cbcert.robustness.protocol import BUDGET_SYMBOLS
+from cbcert.runs.config import AnalysisConfig
 
 # One world's cells: (entry name, family, cells).
 WorldCells = tuple[str, str, tuple[CellResult, ...]]
@@ -86,9 +91,28 @@ def world_cells(run_dir: Path, entries: Sequence[dict[str, Any]],
     return found
 
 
-def cross_world_tables(worlds: Sequence[WorldCells]) -> list[Table]:
+def run_analysis(worlds: Sequence[WorldCells], analysis: AnalysisConfig) -> Family | None:
+    """Every hypothesis of the run in one family (`cbcert.report.family`), read with the
+    run's ``analysis`` settings; None if the run tests none."""
+    items = hypotheses(worlds, analysis)
+    return run_family(items, analysis) if items else None
+
+
+def analysis_tables(family: Family | None) -> list[Table]:
+    """The run-wide family and its summary, and the comparison with the method's claims
+    (`cbcert.report.claims`); [] without a family."""
+    if family is None:
+        return []
+    claims, headlines = load_claims()
+    comparison = comparison_table(claims, family)
+    return [summary_table(family), family_table(family), comparison,
+            headline_table(headlines, comparison, claims)]
+
+
+def cross_world_tables(worlds: Sequence[WorldCells],
+                       analysis: Family | None = None) -> list[Table]:
     """Every per-world table stacked over worlds, the gap table and the class summary, after
-    the findings (`cbcert.report.findings.findings_table`), which come first."""
+    the run-wide ``analysis`` (`analysis_tables`), which comes first."""
     stacked: dict[str, list[tuple[str, str, Table]]] = {}
     for name, family, cells in worlds:
         for table in tables(cells):
@@ -117,8 +141,7 @@ def cross_world_tables(worlds: Sequence[WorldCells]) -> list[Table]:
                          "smallest class-centroid distance in f_std's feature space",
                          ("world", "family", "classes", "samples", "mean_distance",
                           "min_distance", "closest_pair"), tuple(summary)))
-    found = findings_table(out)
-    return out if found is None else [found, *out]
+    return [*analysis_tables(analysis), *out]
 
 
 def _closest_pair(summary: dict[str, Any]) -> tuple[float | None, str | None]:
@@ -185,14 +208,19 @@ def _gap_groups(columns: Sequence[str]) -> list[tuple[str, list[int]]]:
 
 
 def figure_gap_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
-    """The std-vs-cbm gaps of `gap_columns`: a heatmap per unit (`_gap_groups`), each with its
-    own symmetric colour scale (positive = CBM more robust, blue), a row per world, budget
-    labels coloured by perturbation type (`TYPE_COLOURS`), values annotated."""
+    """The std-vs-cbm gaps of `gap_columns` over every budget of the run (the method's Fig.
+    1(b) picks four of them: `cbcert.report.method_outputs`): a heatmap per unit
+    (`_gap_groups`), each with its own symmetric colour scale (positive = CBM more robust,
+    blue), a row per world, budget labels coloured by perturbation type (`TYPE_COLOURS`),
+    values annotated and "n/a" where a world lacks the budget. The fixed-count m cells'
+    ΔACR-H is left out: their radius is 0 by construction."""
     columns, data = gap_columns(worlds)
-    if not columns:
+    zero = {j for j, c in enumerate(columns) if c.startswith("ΔACR m=")}
+    groups = [(title, [j for j in idx if j not in zero]) for title, idx in _gap_groups(columns)]
+    groups = [(title, idx) for title, idx in groups if idx]
+    if not groups:
         return None
     plt = pyplot()
-    groups = _gap_groups(columns)
     widest = max(len(idx) for _, idx in groups)
     fig, axes = plt.subplots(len(groups), 1, squeeze=False, figsize=(
         3.5 + 0.6 * widest, sum(1.4 + 0.32 * len(worlds) for _ in groups)))
@@ -208,17 +236,18 @@ def figure_gap_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
             tick.set_color(TYPE_COLOURS[perturbation_type(columns[j])])
         ax.set_yticks(range(len(worlds)), [_world_label(w) for w in worlds], fontsize=7)
         for (i, j), v in np.ndenumerate(part):
-            if not np.isnan(v):
-                ax.text(j, i, f"{v:+.2g}", ha="center", va="center", fontsize=6,
-                        color="white" if abs(v) > 0.6 * bound else "black")
+            missing = np.isnan(v)
+            ax.text(j, i, "n/a" if missing else f"{v:+.2g}", ha="center", va="center",
+                    fontsize=6, color="0.45" if missing else
+                    "white" if abs(v) > 0.6 * bound else "black")
         fig.colorbar(image, ax=ax, fraction=0.04, pad=0.01)
         ax.set_title(title, fontsize=9, loc="left")
     handles = [plt.Line2D([], [], color=c, marker="s", linestyle="", label=t)
                for t, c in TYPE_COLOURS.items()]
     axes[0, 0].legend(handles=handles, fontsize=7, loc="lower right", bbox_to_anchor=(1, 1.02),
                       ncol=2, frameon=False, title="budget labels", title_fontsize=7)
-    fig.suptitle("std vs cbm robustness gap per world (positive, blue = CBM more robust)",
-                 fontsize=10)
+    fig.suptitle("std vs cbm robustness gap per world (positive, blue = CBM more robust; n/a: "
+                 "the world lacks the budget)", fontsize=10)
     return save(fig, path)
 
 
@@ -478,53 +507,64 @@ def figure_class_distances_worlds(worlds: Sequence[WorldCells], path: Path) -> P
 
 
 def figure_attacks_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
-    """Robust accuracy at each attack cell's largest ε: a panel per attack cell, bars per world
-    and model, clean accuracy hatched behind."""
+    """Robust accuracy under APGD per world and model at every attack ε: a row per attack
+    cell (vanilla and smoothed, latent and concept), a column per ε, bars per world and model
+    with the model's clean accuracy hatched behind; the legend beside the first row, outside
+    the data."""
     cell_names = list(dict.fromkeys(c.name for _, _, cells in worlds for c in cells
                                     if c.kind == "attack"))
     if not cell_names:
         return None
+    eps_values = sorted({b["eps"] for _, _, cells in worlds for c in cells if c.kind == "attack"
+                         for entry in c.summary["models"].values() for b in entry["budgets"]})
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(cell_names), figsize=(1.5 + 1.1 * len(worlds)
-                                                          * len(cell_names), 3.6),
-                             squeeze=False, sharey=True)
-    for ax, cell_name in zip(axes[0], cell_names, strict=True):
+    fig, axes = plt.subplots(len(cell_names), len(eps_values), layout="constrained",
+                             squeeze=False, sharey=True,
+                             figsize=(1.5 + (1.0 + 0.55 * len(worlds)) * len(eps_values),
+                                      0.8 + 2.3 * len(cell_names)))
+    for r, cell_name in enumerate(cell_names):
         by_world = [(name, next((c for c in cells if c.name == cell_name), None))
                     for name, _, cells in worlds]
         models = list(dict.fromkeys(m for _, c in by_world if c for m in c.summary["models"]))
         width = 0.8 / max(len(models), 1)
-        top_eps = None
-        for j, model in enumerate(models):
-            xs, robust, clean = [], [], []
-            for i, (_, cell) in enumerate(by_world):
-                entry = cell.summary["models"].get(model) if cell else None
-                if entry is None or not entry["budgets"]:
-                    continue
-                budget = max(entry["budgets"], key=lambda b: b["eps"])
-                top_eps = budget["eps"]
-                xs.append(i + (j - (len(models) - 1) / 2) * width)
-                robust.append(budget["robust_accuracy"])
-                clean.append(entry["clean_accuracy"])
-            ax.bar(xs, clean, width, color="none", edgecolor="0.6", hatch="//")
-            ax.bar(xs, robust, width, color=model_colour(model), label=model)
-        ax.set_xticks(range(len(by_world)), [n for n, _ in by_world], rotation=30, ha="right",
-                      fontsize=8)
-        ax.set(ylim=(0, 1), title=f"{cell_name}, ε={top_eps:g}" if top_eps is not None
-               else cell_name)
-    axes[0][0].set_ylabel("robust accuracy")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("APGD across worlds: robust (bars) and clean (hatched) accuracy")
-    return save(fig, path)
+        for ax, eps in zip(axes[r], eps_values, strict=True):
+            for j, model in enumerate(models):
+                xs, robust, clean = [], [], []
+                for i, (_, cell) in enumerate(by_world):
+                    entry = cell.summary["models"].get(model) if cell else None
+                    budget = next((b for b in entry["budgets"] if math.isclose(b["eps"], eps)),
+                                  None) if entry else None
+                    if budget is None:
+                        continue
+                    xs.append(i + (j - (len(models) - 1) / 2) * width)
+                    robust.append(budget["robust_accuracy"])
+                    clean.append(entry["clean_accuracy"])
+                ax.bar(xs, clean, width, color="none", edgecolor="0.6", hatch="//")
+                ax.bar(xs, robust, width, color=model_colour(model), label=model)
+            ax.set_xticks(range(len(by_world)), [n for n, _ in by_world], rotation=40,
+                          ha="right", fontsize=7)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.set(ylim=(0, 1.02))
+            ax.set_title(f"{cell_name}, ε = {eps:g}", fontsize=9,
+                         color=TYPE_COLOURS[budget_type(cell_name)])
+        axes[r][0].set_ylabel("robust accuracy", fontsize=8)
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("APGD across worlds: robust accuracy (bars) and clean accuracy (hatched) "
+                 "per attack and ε (titles: blue geometric, orange semantic)", fontsize=10)
+    return save(fig, path, lay_out=False)
 
 
 def cross_world_figures(worlds: Sequence[WorldCells], out: Path, tables: Sequence[Table],
-                        log: Callable[[str], None] = print) -> list[Path]:
+                        log: Callable[[str], None] = print,
+                        analysis: Family | None = None) -> list[Path]:
     """Every cross-world figure the worlds have data for; notes for the skipped ones.
-    ``tables``: `cross_world_tables(worlds)` (the findings figure reads its
-    ``worlds_findings``)."""
-    found = next((t for t in tables if t.name == "worlds_findings"), None)
+    ``tables``: `cross_world_tables(worlds, analysis)`; ``analysis``: the run-wide family
+    (`run_analysis`), whose findings figures come first."""
+    compared = [] if analysis is None else list(dict.fromkeys(h.model_b
+                                                              for h in analysis.hypotheses))
     plans: list[tuple[str, Callable[[Path], Path | None]]] = [
-        ("findings_worlds.png", lambda p: figure_findings(found, p)),
+        *((f"findings_{m}.png", lambda p, m=m: figure_findings(analysis, m, p))
+          for m in compared),
         ("robustness_gap_worlds.png", lambda p: figure_gap_worlds(worlds, p)),
         *((f"pfr_worlds_{k}.png", lambda p, k=k: figure_pfr_worlds(worlds, k, p))
           for k in BUDGET_SYMBOLS),
@@ -538,5 +578,5 @@ def cross_world_figures(worlds: Sequence[WorldCells], out: Path, tables: Sequenc
     return draw_plans(plans, out, log, "no world has data for it")
 
 
-__all__ = ["CLASS_DISTANCE_TITLE", "cross_world_figures", "cross_world_tables", "gap_columns",
-           "gap_table", "world_cells"]
+__all__ = ["CLASS_DISTANCE_TITLE", "analysis_tables", "cross_world_figures",
+           "cross_world_tables", "gap_columns", "gap_table", "run_analysis", "world_cells"]

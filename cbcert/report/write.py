@@ -18,7 +18,12 @@ separate from sampling) and writes into ``<run>/report/``:
   robustness-gap heatmap (positive = CBM more robust), CFR / DFS vs PFR, PFR vs σ and ρ (perturb
   smoothing budgets), the attack bars (vanilla / smoothed × latent / concept) and the class-
   centroid distance heatmap (``classes.csv``, ``class_distances.png``). A figure whose data
-  are absent is skipped with a note.
+  are absent is skipped with a note;
+* ``provenance.csv``: who wrote each cell — sessions, git revisions, machines, ``mixed`` where
+  more than one revision or machine did (`cbcert.runs.provenance`), counted in ``report.md``'s
+  header; ``provenance.json``: the report's own git revision and versions, which the header
+  states too. No time is written anywhere: the report of one run, rewritten by one tree, is the
+  same bytes.
 
 A multi-world sweep (its manifest lists ``worlds``) gets every world's own report in
 ``<run>/<world>/report/`` and the cross-world tables and figures (`cbcert.report.worlds`) in
@@ -34,6 +39,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from cbcert.report.cells import (
     RUN,
@@ -46,16 +52,49 @@ from cbcert.report.cells import (
 )
 from cbcert.report.figures import write_figures
 from cbcert.report.tables import tables
-from cbcert.report.worlds import cross_world_figures, cross_world_tables, world_cells
+from cbcert.report.worlds import (
+    cross_world_figures,
+    cross_world_tables,
+    run_analysis,
+    world_cells,
+)
 from cbcert.runs import pace, sessions
-from cbcert.runs.directory import RunDirError, check_writable
-from cbcert.schema import shorten
+from cbcert.runs.config import AnalysisConfig
+from cbcert.runs.directory import RunDirError, check_writable, write_json
+from cbcert.runs.machine import git_revision
+from cbcert.runs.provenance import machine_label
+from cbcert.schema import ConfigError, shorten
 
 REPORT_DIR = "report"
+PROVENANCE = "provenance.json"  # the report's own revision and versions
 
 
-def _header(run_dir: Path) -> str:
-    lines = [f"# Report: {run_dir.resolve().name}", ""]
+def report_provenance() -> dict[str, Any]:
+    """The report's own provenance: the git revision of the cbcert that wrote it (as a sweep's
+    session log records its own: `cbcert.runs.machine.git_revision`) and the versions of
+    cbcert, jax, numpy, scipy and matplotlib. No time: rewriting the report of one run with one
+    tree gives the same bytes."""
+    import jax
+    import matplotlib
+    import numpy as np
+    import scipy
+
+    import cbcert
+
+    return {"git_revision": git_revision(),
+            "versions": {"cbcert": cbcert.__version__, "jax": jax.__version__,
+                         "numpy": np.__version__, "scipy": scipy.__version__,
+                         "matplotlib": matplotlib.__version__}}
+
+
+def _header(run_dir: Path, own: dict[str, Any]) -> str:
+    """Title, the report's own revision and versions (``own``: `report_provenance`), the
+    manifest's settings and the sweep's sessions."""
+    versions = ", ".join(f"{k} {v}" for k, v in own["versions"].items())
+    revision = own["git_revision"]
+    where = f"git `{revision}`" if revision else "a tree outside git (no revision)"
+    lines = [f"# Report: {run_dir.resolve().name}", "",
+             f"Written by cbcert at {where} with {versions} ({PROVENANCE}).", ""]
     m = read_manifest(run_dir)
     if m is not None:
         versions = m.get("versions")
@@ -66,9 +105,9 @@ def _header(run_dir: Path) -> str:
             world = ", ".join(f"{k} = {v}" for k, v in world.items())
         config = m.get("config")
         name = config.get("name") if isinstance(config, dict) else None
-        lines += [shorten(f"Config `{name}`, world `{world}`, seed {m.get('seed')}, git "
-                          f"`{m.get('git_revision')}`; {versions}; devices {m.get('devices')}.",
-                          1000), ""]
+        lines += [shorten(f"Config `{name}`, world `{world}`, seed {m.get('seed')}; the sweep "
+                          f"began at git `{m.get('git_revision')}` with {versions}; devices "
+                          f"{m.get('devices')}.", 1000), ""]
     sessions = _sessions_line(run_dir, m.get("cells", []) if m is not None else [])
     if sessions:
         lines += [sessions, ""]
@@ -88,14 +127,10 @@ def _sessions_line(run_dir: Path, cells: Sequence[dict]) -> str | None:
         counts = Counter(values)
         return ", ".join(f"{v} ×{n}" if n > 1 else v for v, n in counts.items())
 
-    def machine(entry) -> str:
-        m = entry.get("machine") if isinstance(entry.get("machine"), dict) else {}
-        isa = m.get("isa") if isinstance(m.get("isa"), list) else []
-        return f"{m.get('cpu', '?')} ({' '.join(map(str, isa)) or 'no ISA flags read'})"
-
     revisions = counted(f"`{str(e.get('git_revision'))[:7]}`" for e in starts)
+    machines = counted(machine_label(e.get("machine")) for e in starts)
     line = shorten(f"Sessions ({sessions.SESSIONS}): {len(starts)} started; revisions "
-                   f"{revisions}; machines {counted(machine(e) for e in starts)}.", 1000)
+                   f"{revisions}; machines {machines}.", 1000)
     seconds, measured, unmeasured = pace.finished_wall_time(
         run_dir, [(str(c["name"]), str(c.get("kind"))) for c in cells])
     if measured or unmeasured:
@@ -166,16 +201,32 @@ def _out(run_dir: Path) -> Path:
     return out
 
 
+def _mixed_line(all_tables) -> str | None:
+    """How many cells the provenance table (per world or stacked) flags as mixed or not wholly
+    known; None without it."""
+    table = next((t for t in all_tables if t.name in ("provenance", "worlds_provenance")), None)
+    if table is None:
+        return None
+    mixed = Counter(row[table.columns.index("mixed")] for row in table.rows)
+    return (f"Provenance (table `{table.name}`): {mixed['yes']} of {len(table.rows)} cells "
+            f"written by more than one git revision or machine, {mixed['unknown']} whose "
+            "writers are not all known.")
+
+
 def _write(run_dir: Path, all_tables, figures: list[Path], links: list[str]) -> list[Path]:
-    """The tables as CSV, and ``report.md`` with ``links``, every table and the figures."""
+    """The tables as CSV, ``provenance.json`` (`report_provenance`), and ``report.md`` with
+    ``links``, every table and the figures."""
     out = _out(run_dir)
-    written = []
+    own = report_provenance()
+    write_json(out / PROVENANCE, own)
+    written = [out / PROVENANCE]
     for table in all_tables:
         path = out / f"{table.name}.csv"
         path.write_text(table.to_csv())
         written.append(path)
-    markdown = [_header(run_dir), *links, *(t.to_markdown() for t in all_tables), "## Figures",
-                ""]
+    mixed = _mixed_line(all_tables)
+    markdown = [_header(run_dir, own), *([mixed, ""] if mixed else []), *links,
+                *(t.to_markdown() for t in all_tables), "## Figures", ""]
     markdown += [f"![{f.stem}]({f.name})" for f in figures]
     path = out / "report.md"
     path.write_text("\n".join(markdown) + "\n")
@@ -193,9 +244,20 @@ def _write_worlds_report(run_dir: Path, entries: list[dict],
         links.append(f"- [{name}](../{name}/{REPORT_DIR}/report.md)"
                      + (f" — {family}" if family else ""))
     links.append("")
-    all_tables = cross_world_tables(worlds)
-    figures = cross_world_figures(worlds, _out(run_dir), all_tables, log)
+    analysis = run_analysis(worlds, _analysis(run_dir))
+    all_tables = cross_world_tables(worlds, analysis)
+    figures = cross_world_figures(worlds, _out(run_dir), all_tables, log, analysis)
     return written + _write(run_dir, all_tables, figures, links)
+
+
+def _analysis(run_dir: Path) -> AnalysisConfig:
+    """The run's ``analysis`` settings as its manifest pinned them before the run (the
+    defaults where it names none)."""
+    config = (read_manifest(run_dir) or {}).get("config") or {}
+    try:
+        return AnalysisConfig.from_dict(config.get("analysis", {}), section="analysis")
+    except ConfigError as err:
+        raise DamagedFileError(f"{run_dir / 'manifest.json'}: {err}") from None
 
 
 __all__ = ["REPORT_DIR", "ReportError", "write_report"]

@@ -366,3 +366,31 @@ def holm(pvalues: np.ndarray) -> np.ndarray:
     adjusted = np.empty(m, np.float64)
     adjusted[order] = steps
     return adjusted
+
+
+def benjamini_hochberg(pvalues: np.ndarray) -> np.ndarray:
+    """Benjamini–Hochberg adjusted p-values (Benjamini & Hochberg 1995).
+
+    With sorted ``p_(1) ≤ … ≤ p_(m)``: ``p̃_(i) = min(1, min_{j ≥ i} m p_(j) / j)``, returned in
+    the input order; rejecting every ``p̃ ≤ q`` controls the false discovery rate at ``q`` for
+    independent or positively dependent tests (scipy's ``false_discovery_control`` gives the
+    same numbers; the test compares them).
+
+    Args:
+      pvalues: [m] p-values in [0, 1], m ≥ 1.
+
+    Returns:
+      [m] float64 adjusted p-values.
+    """
+    pvalues = np.asarray(pvalues, dtype=np.float64)
+    if pvalues.ndim != 1 or pvalues.shape[0] < 1:
+        raise ValueError(f"pvalues: expected shape [m] with m >= 1, got {pvalues.shape}")
+    if not np.all((pvalues >= 0.0) & (pvalues <= 1.0)):
+        raise ValueError(f"pvalues: must lie in [0, 1], got {pvalues}")
+    m = pvalues.shape[0]
+    order = np.argsort(pvalues, kind="stable")
+    scaled = pvalues[order] * m / np.arange(1, m + 1)
+    steps = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
+    adjusted = np.empty(m, np.float64)
+    adjusted[order] = steps
+    return adjusted

@@ -117,9 +117,10 @@ def run(world, job: ClassesJob, out: str | Path, *,
         if directory.path(SUMMARY).is_file():
             result = RunSummary("classes", read_json(directory.path(SUMMARY)))
         else:
-            result = directory.finish(class_distances(world, samples=job.samples, seed=job.seed,
-                                                      chunk_size=chunk_size,
-                                                      max_memory=max_memory))
+            measured = class_distances(world, samples=job.samples, seed=job.seed,
+                                       chunk_size=chunk_size, max_memory=max_memory)
+            directory.writing()  # the summary is this run's only record
+            result = directory.finish(measured)
         if progress:
             progress(1, 1)
         return result

@@ -258,6 +258,19 @@ class ExplainConfig(Section):
     flip_radius: int = field(default=1, metadata=rule("count"))
 
 
+@dataclass(frozen=True)
+class AnalysisConfig(Section):
+    """How `certify report` reads a run's findings (`cbcert.report.family`), fixed in the
+    config before the run: the run-wide two-sided significance ``level``, and the equivalence
+    margins of the two one-sided tests — ``rate_margin`` for accuracies and flip rates (a
+    fraction: 0.02 = 2 points) and ``radius_margin`` for mean certified radii (a fraction of
+    the standard model's R̄). Only a TOST that passes within them supports "no difference"."""
+
+    level: float = field(default=0.05, metadata=rule("fraction"))
+    rate_margin: float = field(default=0.02, metadata=rule("fraction"))
+    radius_margin: float = field(default=0.05, metadata=rule("fraction"))
+
+
 _SECTIONS: Mapping[str, type[Section]] = types.MappingProxyType(
     {
         "world": WorldConfig,
@@ -267,11 +280,14 @@ _SECTIONS: Mapping[str, type[Section]] = types.MappingProxyType(
         "attack": AttackConfig,
         "classes": ClassesConfig,
         "explain": ExplainConfig,
+        "analysis": AnalysisConfig,
     }
 )
 # Sections written to manifests only when they differ from their defaults (added later).
-_LATER_SECTIONS = ("classes", "explain")
+_LATER_SECTIONS = ("classes", "explain", "analysis")
 _ENTRY_KEYS = ("name", "family", "preset", "seed", "num_inputs")
+# Sections that hold for the whole run, never one world's entry.
+_RUN_WIDE = ("analysis",)
 
 
 @dataclass(frozen=True)
@@ -310,6 +326,7 @@ class ExperimentConfig:
     attack: AttackConfig | tuple[AttackConfig, ...] = AttackConfig()
     classes: ClassesConfig = ClassesConfig()
     explain: ExplainConfig = ExplainConfig()
+    analysis: AnalysisConfig = AnalysisConfig()
     worlds: tuple[WorldEntry, ...] = ()
 
     def __post_init__(self) -> None:
@@ -431,10 +448,13 @@ def _world_entries(data: Mapping[str, Any]) -> tuple[WorldEntry, ...]:
         if isinstance(item, str):
             item = {"preset": item}
         item = dict(_mapping(item, where))
-        unknown = [k for k in item if k not in (*_ENTRY_KEYS, *_SECTIONS)]
+        per_world = (*_ENTRY_KEYS, *(s for s in _SECTIONS if s not in _RUN_WIDE))
+        unknown = [k for k in item if k not in per_world]
         if unknown:
+            why = (" — the analysis reads the whole run as one family; set it at the top level"
+                   if unknown[0] in _RUN_WIDE else "")
             raise ConfigError(f"{where}: unknown key {short_repr(unknown[0])} (allowed: "
-                              f"{', '.join((*_ENTRY_KEYS, *_SECTIONS))})")
+                              f"{', '.join(per_world)}){why}")
         world = {**_mapping(base.get("world", {}), "world"),
                  **_mapping(item.pop("world", {}), f"{where}.world"),
                  **{k: item.pop(k) for k in ("preset", "seed", "num_inputs") if k in item}}

@@ -482,6 +482,7 @@ def run(world, job: ExplainJob, out: str | Path, *, progress=None, chunk_size: i
                    "inputs": job.num_inputs, "models": per_model}
         # Written whole (the run is small and never resumes half-way), before summary.json,
         # which marks the run finished.
+        directory.writing()
         directory.path(RECORDS).write_text("".join(json_line(r) for r in records))
         figure = _figure(world, job, pool, obs, shown) if job.figure_inputs else None
         judges = (bundle.build(world, job, pool, obs["concepts"], records, judged,

@@ -3,9 +3,11 @@ or its speed (AVX-512 rounds some float32 sums differently from AVX2; AMX and AV
 what bf16 needs), the logical CPUs and the platform; and which revision of cbcert ran
 (`git_revision`).
 
-A run that spans sessions may span machines (a sweep resumed elsewhere); `cbcert.runs.sweep`
-logs this description once per session, so every record can be traced to the machine and
-revision that made it.
+A run that spans sessions may span machines (a sweep resumed elsewhere); `provenance` is what a
+session records about itself, once: `cbcert.runs.sweep` logs it in ``sessions.jsonl`` and every
+runner appends it to the ``run.json`` of each directory it writes records into
+(`cbcert.runs.provenance`), so every record can be traced to the machine and revision that made
+it.
 """
 
 from __future__ import annotations
@@ -50,4 +52,22 @@ def git_revision() -> str | None:
     return result.stdout.strip() or None
 
 
-__all__ = ["ISA_FLAGS", "cpu_description", "describe", "git_revision"]
+def versions() -> dict[str, str]:
+    """The versions a run's numbers depend on: ``{"cbcert", "jax", "flax", "numpy"}``."""
+    import flax
+    import jax
+    import numpy as np
+
+    import cbcert
+
+    return {"cbcert": cbcert.__version__, "jax": jax.__version__, "flax": flax.__version__,
+            "numpy": np.__version__}
+
+
+def provenance() -> dict:
+    """What a session records about itself: ``{"git_revision", "versions", "machine"}``
+    (`git_revision`, `versions`, `describe`)."""
+    return {"git_revision": git_revision(), "versions": versions(), "machine": describe()}
+
+
+__all__ = ["ISA_FLAGS", "cpu_description", "describe", "git_revision", "provenance", "versions"]

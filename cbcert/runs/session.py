@@ -8,6 +8,11 @@ records, and ``run.finish(summary, pool)`` writes ``summary.json`` (with the poo
 returns the `RunSummary` every runner returns. How a runner reads and checks its records (their
 key, their fields) and what it measures stays its own.
 
+Before the first record a session writes, ``run.json``'s ``"sessions"`` gets its entry (revision,
+machine, versions, records already there: `cbcert.runs.provenance.stamp`): the sinks of
+``run.append`` see to it, and a runner that writes its records otherwise calls
+``run.writing()`` first. A session that writes nothing (a finished run re-summarised) adds none.
+
 Separate from `cbcert.runs.directory`, which holds the contract itself (file names, kinds, the
 summary type), because the lock module builds on that one.
 """
@@ -16,8 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Iterator
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +36,34 @@ from cbcert.runs.directory import (
     write_json,
 )
 from cbcert.runs.lock import hold
+from cbcert.runs.provenance import stamp
 
 
-@dataclass(frozen=True)
+@dataclass
 class Session:
     """A runner's open, locked and pinned directory ``out`` (see `session`)."""
 
     out: Path
     kind: Kind
+    _stamped: bool = field(default=False, init=False, repr=False)
 
     def path(self, name: str = RECORDS) -> Path:
         """A file of the run (the records file by default)."""
         return self.out / name
 
-    def append(self, name: str = RECORDS) -> AbstractContextManager[Any]:
+    @contextlib.contextmanager
+    def append(self, name: str = RECORDS) -> Iterator[Any]:
         """The text sink appending records to ``name`` (nothing off process 0 of a multi-host
-        job: `cbcert.runs.directory.append_records`)."""
-        return append_records(self.path(name))
+        job: `cbcert.runs.directory.append_records`); `writing` before its first text."""
+        with append_records(self.path(name)) as sink:
+            yield _Stamping(sink, self)
+
+    def writing(self) -> None:
+        """Append this session to ``run.json``'s ``"sessions"`` (`cbcert.runs.provenance.stamp`)
+        unless done already: called before each write of a record."""
+        if not self._stamped:
+            stamp(self.out)
+            self._stamped = True
 
     def finish(self, summary: dict[str, Any], pool=None, **extras: Any) -> RunSummary:
         """Write ``summary`` (plus ``"pool"``: agreement inputs and pool size, given the
@@ -59,6 +74,22 @@ class Session:
                                "pool_size": pool.pool_size}
         write_json(self.out / SUMMARY, summary)
         return RunSummary(self.kind, summary, extras)
+
+
+class _Stamping:
+    """A records sink that has its session stamped (`Session.writing`) before any text."""
+
+    def __init__(self, sink: Any, owner: Session):
+        self._sink, self._owner = sink, owner
+
+    def write(self, text: str) -> int:
+        """Write ``text`` to the sink, the session's entry in ``run.json`` first."""
+        self._owner.writing()
+        return self._sink.write(text)
+
+    def flush(self) -> None:
+        """Flush the sink."""
+        self._sink.flush()
 
 
 @contextlib.contextmanager

@@ -3,8 +3,10 @@
 A sweep that takes days is resumed by many processes, perhaps on machines whose arithmetic
 differs in the last bits (AVX2 and AVX-512) and at several revisions of cbcert. Each
 `cbcert.runs.sweep.run_sweep` call appends (process 0 of a multi-host job; every shard its own
-lines) a ``"start"`` line — UTC time, git revision, versions, the machine of
-`cbcert.runs.machine.describe`, the shard, how many cells it will visit — and, when it returns
+lines) a ``"start"`` line — UTC time, git revision, versions and machine
+(`cbcert.runs.machine.provenance`, which each runner also appends to the ``run.json`` of the
+cells it writes records into: `cbcert.runs.provenance`), the shard, how many cells it will
+visit — and, when it returns
 or raises, an ``"end"`` or ``"stopped"`` line with the cells complete when it left. In between,
 each cell it worked on (not one finished before) gets a ``"cell"`` line when the call finishes or
 leaves it (`timed`): its name, ``state`` (``done`` or ``stopped``) and wall ``seconds``; a cell's
@@ -49,9 +51,10 @@ def timed(out: Path, cell: str, logged: bool = True) -> Iterator[None]:
             log(out, "cell", cell=cell, state=state, seconds=round(time.monotonic() - tic, 1))
 
 
-def entries(out: Path, event: str) -> list[dict[str, Any]]:
-    """The ``event`` entries (``"start"``, ``"cell"``, …) of ``out/SESSIONS`` in order ([]
-    without a log); lines that are not JSON objects (a torn last line) are left out."""
+def entries(out: Path, event: str | None) -> list[dict[str, Any]]:
+    """The ``event`` entries (``"start"``, ``"cell"``, …; None: every entry) of
+    ``out/SESSIONS`` in order ([] without a log); lines that are not JSON objects (a torn last
+    line) are left out."""
     path = Path(out) / SESSIONS
     if not path.is_file():
         return []
@@ -61,7 +64,7 @@ def entries(out: Path, event: str) -> list[dict[str, Any]]:
             entry = json.loads(line)
         except ValueError:
             continue
-        if isinstance(entry, dict) and entry.get("event") == event:
+        if isinstance(entry, dict) and event in (None, entry.get("event")):
             found.append(entry)
     return found
 

@@ -74,8 +74,7 @@ from cbcert.runs.directory import (
     write_json_once,
 )
 from cbcert.runs.lock import hold
-from cbcert.runs.machine import describe as describe_machine
-from cbcert.runs.machine import git_revision
+from cbcert.runs.machine import git_revision, provenance, versions
 from cbcert.runs.shards import (
     CellStatus,
     assign_shards,
@@ -263,11 +262,7 @@ def manifest(config: ExperimentConfig, cells: Sequence[Cell], world) -> dict[str
     For a multi-world config ``world`` is ``{entry name: World}`` and the manifest's ``world``
     maps each entry to its world's name; ``worlds`` lists the entries in order.
     """
-    import flax
     import jax
-    import numpy as np
-
-    import cbcert
 
     return {
         "config": config.to_dict(),
@@ -277,8 +272,7 @@ def manifest(config: ExperimentConfig, cells: Sequence[Cell], world) -> dict[str
                   else world.name),
         **({"worlds": [{"name": e.name, "family": e.family} for e in config.worlds]}
            if config.worlds else {}),
-        "versions": {"cbcert": cbcert.__version__, "jax": jax.__version__,
-                     "flax": flax.__version__, "numpy": np.__version__},
+        "versions": versions(),
         "devices": [str(d) for d in jax.devices()],
         "git_revision": git_revision(),
     }
@@ -384,8 +378,7 @@ def run_sweep(
                          for c in cells if c.world == name]
             _write_manifest(out / name, manifest(own, own_cells, worlds[name]))
         summaries = {}
-        sessions.log(out, "start", git_revision=meta["git_revision"],
-                     versions=meta["versions"], machine=describe_machine(),
+        sessions.log(out, "start", **provenance(),
                      shard=list(shard) if shard else None, cells=len(mine),
                      **({"only": list(only)} if only else {}))
         try:
