@@ -157,7 +157,7 @@ _LONGEST_FIRST = (
     "test_apgd", "test_examples", "test_runs_sweep",
 )
 _GROUPS = {"test_paper": "paper_run", "test_report_worlds": "paper_run",
-           "test_report_family": "paper_run"}
+           "test_report_family": "paper_run", "test_report_method": "paper_run"}
 _MAX_WORKERS = 4  # each worker holds GiBs of compiled programs
 
 

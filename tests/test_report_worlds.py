@@ -90,7 +90,12 @@ def test_cross_world_figures_are_written_or_noted(run_dir, notes):
                  "pfr_worlds_rho", "radius_worlds", "delta_pfr_worlds", "class_distances_worlds",
                  "attacks_worlds", "pfr_models_worlds", "dfs_cfr_worlds"):
         assert (run_dir / REPORT_DIR / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
-    assert not any("skipped" in n for n in notes)
+    # Only the method's outputs of settings this run lacks (class structure, K = 27 vs 36) may
+    # be skipped (tests/test_report_method.py); every cbcert figure is drawn.
+    from cbcert.report.method_outputs import OUTPUTS
+
+    skipped = [n for n in notes if "skipped" in n]
+    assert all(any(name in n for name in OUTPUTS.values()) for n in skipped), skipped
     assert (run_dir / "default" / REPORT_DIR / "class_distances.png").is_file()
 
 
@@ -138,37 +143,6 @@ def test_class_distance_figure_keeps_its_whole_title(tmp_path):
     needed = title.get_window_extent().width
     plt.close(probe)
     assert width >= needed > 500, (width, needed)
-
-
-def test_radius_figure_has_a_row_per_noise_and_a_panel_per_scale(kept_figures, tmp_path):
-    """`figure_radius_worlds`: rows σ, ρ, m in that order whatever the cell order, each panel
-    titled by its scale, unit on the row's first panel, unused panels hidden, one bar pair
-    (hatched radius of correct, solid ACR) per model and world."""
-    from cbcert.report.cells import CellResult
-
-    def cell(name, noise, scale, acr):
-        models = {m: {"acr": acr, "radius_of_correct": 2 * acr} for m in ("std", "cbm")}
-        return CellResult(name, "certify", {}, {"mode": "certify", "noise": noise,
-                                                "scale": scale, "models": models})
-
-    cells = (cell("concept-flips1", "fixed", 1, 0.5), cell("latent-sigma0.1", "gaussian", 0.1,
-                                                              0.02),
-             cell("latent-sigma0.3", "gaussian", 0.3, 0.01),
-             cell("concept-rho0.05", "bernoulli", 0.05, 0.2))
-    figures = kept_figures(report_worlds)
-    report_worlds.figure_radius_worlds([("a", "f", cells), ("b", "f", cells[:2])],
-                                       tmp_path / "r.png")
-    (figure,) = figures
-    axes = figure.axes
-    assert len(axes) == 6  # 3 rows × 2 columns
-    visible = [(ax.get_title(), ax.get_ylabel()) for ax in axes if ax.axison]
-    assert visible == [("σ = 0.1", "L2 radius"), ("σ = 0.3", ""), ("ρ = 0.05", "Hamming radius"),
-                       ("m = 1", "Hamming radius")]
-    sigma01 = axes[0]
-    heights = sorted(round(p.get_height(), 6) for p in sigma01.patches)
-    assert heights == [0.02] * 4 + [0.04] * 4  # 2 worlds × 2 models, ACR and radius of correct
-    rho, flips = axes[2], axes[4]
-    assert len(rho.patches) == 4 and len(flips.patches) == 8  # world b has no ρ cell
 
 
 def test_a_model_keeps_its_colour_across_figures(kept_figures):

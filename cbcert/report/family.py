@@ -43,6 +43,10 @@ per-subset statistic over the cell's k subsets (`summary.json`'s subsets), Δ̄ 
 paired t-test with ``k − 1`` degrees of freedom, Holm across the budgets of one world, pair,
 measure and space (σ cells; ρ cells; m cells; the flip-rate budgets; as the report did before).
 Attack cells have no subsets: no method column.
+
+Size: one module because the three readers (certification, perturb, attack), the run-wide
+corrections and the tables share `Hypothesis` and its sign convention; split, each half would
+re-derive it.
 """
 
 from __future__ import annotations

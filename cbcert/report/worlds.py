@@ -22,8 +22,9 @@ Reads every world directory's finished cells (`find_cells`) and writes, into ``<
   budget kind, titles coloured by perturbation type (geometric ε, σ; semantic τ, ρ);
 * ``dfs_cfr_worlds.png``: the concept model's decision shift (DFS) against the fraction of
   concepts flipped (CFR) at every budget, colour by perturbation type, marker by world;
-* ``radius_worlds.png``: ACR and the radius of correct inputs per world and model (std vs cbm vs
-  proto), a row of panels per noise (σ, ρ, fixed m), a panel per scale;
+* ``radius_worlds.png``: the certified radius per world and model, rows σ R̄ (mean radius over
+  correctly predicted inputs), σ ACR, ρ R̄, ρ ACR (ρ on a symlog scale), a panel per scale;
+  the fixed-m cells, radius 0 by construction, are left out;
 * ``delta_pfr_worlds.png``: ΔPFR = PFR_std − PFR_m at each world's largest ε (geometric) and
   smallest τ (semantic), with the Holm-corrected permutation p of the perturb tests;
 * ``class_distances_worlds.png`` and ``worlds_class_similarity.csv``: the class-centroid
@@ -372,57 +373,71 @@ def figure_dfs_cfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | No
 
 
 def figure_radius_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:
-    """ACR (solid) and radius of correct inputs (hatched) per certification cell: a row of
-    panels per noise (σ, then ρ, then fixed m flips), a panel per scale titled by it, groups
-    of bars per world, one bar per model; the legend beside the first row."""
+    """Certified radius per world and model, four rows of panels: σ R̄, σ ACR, ρ R̄, ρ ACR-H
+    (R̄ the mean radius over correctly predicted inputs, the method's R; ACR over all inputs,
+    wrong and abstaining ones counting 0), a panel per scale titled by it, groups of bars per
+    world, one bar per model in its colour; the legend beside the first row, outside the data.
+
+    The fixed-m cells are left out: they certify radius 0 by construction. The ρ rows' Hamming
+    radii span decades across worlds (a saturated world's beside a fragile one's), so they are
+    drawn on a symlog scale, which their y labels name; a row shares its y axis."""
     found = [c for _, _, cells in worlds for c in cells
              if c.kind == "certify" and c.summary["mode"] == "certify"]
-    rows = []
-    for noise, kind in SMOOTHINGS.items():
-        names = list(dict.fromkeys(c.name for c in found if c.summary.get("noise") == noise))
+    noises = []
+    for kind in (SMOOTHINGS["gaussian"], SMOOTHINGS["bernoulli"]):
+        names = sorted(dict.fromkeys(c.name for c in found if c.summary.get("noise") == kind.kind),
+                       key=lambda n: next(c.summary["scale"] for c in found if c.name == n))
         if names:
-            rows.append((kind.symbol, "Hamming radius" if kind.hamming else "L2 radius", names))
-    if not rows:
+            noises.append((kind, names))
+    if not noises:
         return None
     models = list(dict.fromkeys(m for c in found for m in c.summary["models"]))
-    columns = max(len(names) for _, _, names in rows)
-    panel = max(2.6, 1.0 + 0.12 * len(worlds) * len(models))
-    plt = pyplot()
-    fig, axes = plt.subplots(len(rows), columns, figsize=(panel * columns, 3.2 * len(rows)),
-                             squeeze=False)
+    measures = (("radius_of_correct", "R̄ over correct inputs"), ("acr", "ACR over all inputs"))
+    columns = max(len(names) for _, names in noises)
     width = 0.8 / max(len(models), 1)
-    for r, (symbol, unit, names) in enumerate(rows):
-        for col in range(columns):
-            ax = axes[r][col]
-            if col >= len(names):
+    plt = pyplot()
+    fig, axes = plt.subplots(len(noises) * len(measures), columns, layout="constrained",
+                             squeeze=False, sharey="row",
+                             figsize=(1.5 + (1.0 + 0.3 * len(worlds)) * columns,
+                                      0.8 + 2.4 * len(noises) * len(measures)))
+    for n, (kind, names) in enumerate(noises):
+        cells = [[next((c for c in held if c.name == name), None) for _, _, held in worlds]
+                 for name in names]
+        for m, (key, label) in enumerate(measures):
+            row = axes[n * len(measures) + m]
+            drawn = []
+            for ax, column in zip(row, cells, strict=False):
+                for j, model in enumerate(models):
+                    xs, heights = [], []
+                    for i, cell in enumerate(column):
+                        value = cell.summary["models"].get(model, {}).get(key) if cell else None
+                        if value is not None and math.isfinite(value):
+                            xs.append(i + (j - (len(models) - 1) / 2) * width)
+                            heights.append(value)
+                    ax.bar(xs, heights, width, color=model_colour(model), label=model)
+                    drawn += heights
+                scale = next(c for c in column if c).summary["scale"]
+                ax.set_title(f"{kind.symbol} = {scale:g}", fontsize=9)
+                ax.set_xticks(range(len(worlds)), [w[0] for w in worlds], rotation=40,
+                              ha="right", fontsize=7)
+                ax.tick_params(axis="y", labelsize=7)
+            for ax in row[len(cells):]:
                 ax.axis("off")
-                continue
-            by_world = [(name, next((c for c in cells if c.name == names[col]), None))
-                        for name, _, cells in worlds]
-            scale = next(c for _, c in by_world if c).summary["scale"]
-            for j, model in enumerate(models):
-                xs, acr, correct = [], [], []
-                for i, (_, cell) in enumerate(by_world):
-                    entry = cell.summary["models"].get(model) if cell else None
-                    if entry is None:
-                        continue
-                    xs.append(i + (j - (len(models) - 1) / 2) * width)
-                    acr.append(entry.get("acr") or 0.0)
-                    correct.append(entry.get("radius_of_correct") or 0.0)
-                ax.bar(xs, correct, width, color="none", edgecolor=model_colour(model),
-                       hatch="//")
-                ax.bar(xs, acr, width, color=model_colour(model), label=model)
-            ax.set_xticks(range(len(by_world)), [n for n, _ in by_world], rotation=30,
-                          ha="right", fontsize=8)
-            ax.set_title(f"{symbol} = {scale:g}")
-            if col == 0:
-                ax.set_ylabel(unit)
-        if r == 0:
-            axes[0][len(names) - 1].legend(fontsize=8, loc="upper left",
-                                           bbox_to_anchor=(1.02, 1.0))
-    fig.suptitle("Certified radius per world and model: ACR over all inputs (solid), mean "
-                 "radius of correctly predicted inputs (hatched)")
-    return save(fig, path)
+            unit = "Hamming radius" if kind.hamming else "L2 radius"
+            if kind.hamming:
+                positive = [v for v in drawn if v > 0]
+                threshold = 10.0 ** math.floor(math.log10(min(positive))) if positive else 1e-3
+                row[0].set_yscale("symlog", linthresh=threshold)
+                # symlog's autoscale ends at the tallest bar; leave it a third of a decade
+                row[0].set_ylim(0, 2 * max(positive, default=threshold))
+                unit += f",\nsymlog: linear below {threshold:g}"
+            row[0].set_ylabel(f"{label}\n({kind.symbol}, {unit})", fontsize=8)
+    axes[0][len(noises[0][1]) - 1].legend(fontsize=8, loc="upper left",
+                                          bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("Certified radius per world and model: R̄ over correctly predicted inputs and "
+                 "ACR over all inputs (σ: L2 in latent space; ρ: Hamming in concept space; "
+                 "fixed m flips certify radius 0 and are left out)", fontsize=10)
+    return save(fig, path, lay_out=False)
 
 
 def figure_delta_pfr_worlds(worlds: Sequence[WorldCells], path: Path) -> Path | None:

@@ -51,6 +51,7 @@ from cbcert.report.cells import (
     read_manifest,
 )
 from cbcert.report.figures import write_figures
+from cbcert.report.method_outputs import write_method_outputs
 from cbcert.report.tables import tables
 from cbcert.report.worlds import (
     cross_world_figures,
@@ -247,7 +248,12 @@ def _write_worlds_report(run_dir: Path, entries: list[dict],
     analysis = run_analysis(worlds, _analysis(run_dir))
     all_tables = cross_world_tables(worlds, analysis)
     figures = cross_world_figures(worlds, _out(run_dir), all_tables, log, analysis)
-    return written + _write(run_dir, all_tables, figures, links)
+    method = write_method_outputs(worlds, all_tables, _out(run_dir), log)
+    figures += [p for p in method if p.suffix == ".png"]
+    links += ["## The method's figures and tables by number", "",
+              *(f"- [{p.name}]({p.name})" for p in method), ""]
+    return (written + [p for p in method if p.suffix != ".png"]
+            + _write(run_dir, all_tables, figures, links))
 
 
 def _analysis(run_dir: Path) -> AnalysisConfig:
