@@ -72,7 +72,8 @@ def test_resume_gives_identical_records_and_summary(world, tmp_path, noise, scal
     listed = json.loads((tmp_path / "full" / "run.json").read_text())["sessions"]
     appended = json.loads((part / "run.json").read_text())["sessions"]
     assert [e["records_before"] for e in listed] == [0] and appended[0] == listed[0]
-    assert [e["records_before"] for e in appended] == [0, len(first.splitlines())]
+    assert [e["records_before"] for e in appended] == [
+        0, len((tmp_path / "first" / RECORDS).read_text().splitlines())]
 
 
 def _key(record):
@@ -273,7 +274,8 @@ def test_sequential_records_are_identical_across_chunk_sizes_and_resumption(worl
     listed = json.loads((tmp_path / "full" / "run.json").read_text())["sessions"]
     appended = json.loads((part / "run.json").read_text())["sessions"]
     assert [e["records_before"] for e in listed] == [0] and appended[0] == listed[0]
-    assert [e["records_before"] for e in appended] == [0, len(first.splitlines())]
+    assert [e["records_before"] for e in appended] == [
+        0, len((tmp_path / "first" / RECORDS).read_text().splitlines())]
     assert _untimed(resumed["models"]) == _untimed(full["models"])
     assert {k: v for k, v in resumed["samples"].items() if k != "per_second"} == {
         k: v for k, v in full["samples"].items() if k != "per_second"}
