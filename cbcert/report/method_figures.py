@@ -231,11 +231,16 @@ def _pfr_vs(ax, curves, x_key: str) -> None:
                     marker="o", markersize=4)
 
 
+def _cub_curves(run: MethodRun) -> tuple[str, dict]:
+    """The world standing for CUB and its flip curves (`_flip_curves`; empty if absent)."""
+    world = world_of(CUB)
+    return world, (_flip_curves(run, world) if world in run.cells else {})
+
+
 def figure3(run: MethodRun, path: Path) -> Path | None:
     """Fig. 3: on CUB, PFR (%) of f_std (solid) and f_cbm (dashed) against DFS (left) and
     against CFR (right) over the budgets of Table 1, colour by perturbation type."""
-    world = world_of(CUB)
-    curves = _flip_curves(run, world) if world in run.cells else {}
+    world, curves = _cub_curves(run)
     if not curves:
         return None
     plt = pyplot()
@@ -254,8 +259,7 @@ def figure9(run: MethodRun, path: Path) -> Path | None:
     """Fig. 9: on CUB, mean PFR (%) of f_std (solid) and f_cbm (dashed) against mean DFS
     (left), and mean DFS against mean CFR (right; DFS is f_cbm's), colour by perturbation
     type."""
-    world = world_of(CUB)
-    curves = _flip_curves(run, world) if world in run.cells else {}
+    world, curves = _cub_curves(run)
     if not curves:
         return None
     plt = pyplot()

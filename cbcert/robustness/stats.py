@@ -353,19 +353,12 @@ def holm(pvalues: np.ndarray) -> np.ndarray:
     Returns:
       [m] float64 adjusted p-values.
     """
-    pvalues = np.asarray(pvalues, dtype=np.float64)
-    if pvalues.ndim != 1 or pvalues.shape[0] < 1:
-        raise ValueError(f"pvalues: expected shape [m] with m >= 1, got {pvalues.shape}")
-    if not np.all((pvalues >= 0.0) & (pvalues <= 1.0)):
-        raise ValueError(f"pvalues: must lie in [0, 1], got {pvalues}")
     # statsmodels' multipletests gives the same numbers (the test compares them) but runs a full
     # gc.collect() on every call: 0.3 s each in a process holding JAX's objects.
+    pvalues, order = _sorted_pvalues(pvalues)
     m = pvalues.shape[0]
-    order = np.argsort(pvalues, kind="stable")
     steps = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * pvalues[order]))
-    adjusted = np.empty(m, np.float64)
-    adjusted[order] = steps
-    return adjusted
+    return _in_input_order(steps, order)
 
 
 def benjamini_hochberg(pvalues: np.ndarray) -> np.ndarray:
@@ -382,15 +375,26 @@ def benjamini_hochberg(pvalues: np.ndarray) -> np.ndarray:
     Returns:
       [m] float64 adjusted p-values.
     """
+    pvalues, order = _sorted_pvalues(pvalues)
+    m = pvalues.shape[0]
+    scaled = pvalues[order] * m / np.arange(1, m + 1)
+    steps = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
+    return _in_input_order(steps, order)
+
+
+def _sorted_pvalues(pvalues: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``pvalues`` as float64 ``[m]`` and their stable ascending order; ValueError unless they
+    are m ≥ 1 values in [0, 1]."""
     pvalues = np.asarray(pvalues, dtype=np.float64)
     if pvalues.ndim != 1 or pvalues.shape[0] < 1:
         raise ValueError(f"pvalues: expected shape [m] with m >= 1, got {pvalues.shape}")
     if not np.all((pvalues >= 0.0) & (pvalues <= 1.0)):
         raise ValueError(f"pvalues: must lie in [0, 1], got {pvalues}")
-    m = pvalues.shape[0]
-    order = np.argsort(pvalues, kind="stable")
-    scaled = pvalues[order] * m / np.arange(1, m + 1)
-    steps = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
-    adjusted = np.empty(m, np.float64)
+    return pvalues, np.argsort(pvalues, kind="stable")
+
+
+def _in_input_order(steps: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Adjusted p's computed in sorted ``order``, put back in the input order."""
+    adjusted = np.empty(steps.shape[0], np.float64)
     adjusted[order] = steps
     return adjusted
