@@ -113,3 +113,27 @@ def test_the_analysis_section_is_run_wide_and_checked():
     with pytest.raises(ConfigError, match="analysis.*top level"):
         ExperimentConfig.from_dict({"worlds": [{"preset": "default",
                                                 "analysis": {"level": 0.01}}]})
+
+
+def test_a_damaged_analysis_section_exits_2_naming_the_manifest(tmp_path):
+    """The report reads the margins the manifest pinned; an out-of-range one is a damaged file,
+    not a traceback."""
+    import shutil
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from cbcert.cli import main
+
+    reference = Path(__file__).resolve().parents[1] / "results" / "reference"
+    run = tmp_path / "run"
+    shutil.copytree(reference / "latent-sigma0.1", run / "w" / "latent-sigma0.1")
+    manifest = json.loads((reference / "manifest.json").read_text())
+    manifest["config"]["analysis"] = {"level": 2}
+    manifest["worlds"] = [{"name": "w", "family": ""}]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(main, ["report", str(run)])
+    assert result.exit_code == 2, result.output
+    output = " ".join(result.output.split())
+    assert f"{run / 'manifest.json'}:" in output and "level" in output, output
+    assert "Traceback" not in result.output

@@ -37,15 +37,16 @@ from typing import Any
 
 import yaml
 
-from cbcert.report.family import Family
+from cbcert.report.family import MEASURES, Family
 from cbcert.report.method_settings import SETTINGS
 from cbcert.report.tables import Table
 
 AGREEMENTS = ("agrees", "partly", "no", "inconclusive", "absent")
-# The measures a claim may name; certified accuracy at a radius is transcribed but not in the
-# run's family (`cbcert.report.family.MEASURES`), so such claims are absent, with the reason.
-_LARGER_IS_ROBUST = {"pfr": False, "smoothed_accuracy": True, "radius": True,
-                     "robust_accuracy": True, "certified_accuracy": True}
+# The measures a claim may name: the run's (`MEASURES`, larger value more robust or not) and
+# certified accuracy at a radius, transcribed but not in the run's family, so such claims are
+# absent, with the reason.
+_LARGER_IS_ROBUST = {**{m: larger for m, (_, larger) in MEASURES.items()},
+                     "certified_accuracy": True}
 _UNITS = {"percent": 0.01, "fraction": 1.0, "radius": 1.0}
 _BACKBONES = ("ResNet-50",)  # the architectures the built-in worlds stand in for
 

@@ -62,7 +62,6 @@ from cbcert.certify.smoothing import SMOOTHINGS
 from cbcert.report.cells import CellResult, DamagedFileError
 from cbcert.report.tables import Table
 from cbcert.robustness import pooled, stats
-from cbcert.robustness.protocol import BUDGET_SYMBOLS
 from cbcert.runs.budgets import budget_name
 from cbcert.runs.config import AnalysisConfig
 from cbcert.runs.directory import RECORDS, RecordsError, read_records
@@ -177,8 +176,8 @@ def _certification(world: WorldCells, cell: CellResult, settings: AnalysisConfig
     summary = cell.summary
     kind = SMOOTHINGS[summary["noise"]]
     scale = summary["scale"]
-    budget = f"{'m' if kind.symbol == 'm' else 'sigma' if not kind.hamming else 'rho'}=" \
-             f"{_value(int(scale) if kind.symbol == 'm' else scale)}"
+    fixed = kind.key == "flips"  # exactly m flips: an integer count, written m=…
+    budget = f"{'m' if fixed else kind.key}={_value(int(scale) if fixed else scale)}"
     space = "semantic" if kind.hamming else "geometric"
     models = list(summary["models"])
     records = _read(cell, RECORDS, lambda r: (r["index"], r["model"]))
@@ -231,8 +230,10 @@ def _perturb(world: WorldCells, cell: CellResult, settings: AnalysisConfig):
         kind, value = entry["kind"], entry["value"]
         records = _read(cell, f"{budget_name(kind, value)}.jsonl", lambda r: r["index"])
         records.sort(key=lambda r: r["index"])
-        flips = {m: np.array([np.mean([s["pred"][m] != r["clean"]["pred"][m]
-                                       for s in r["samples"]]) for r in records])
+        # Per input: the share of its draws whose prediction left the clean one (plain Python:
+        # numpy's mean over a handful of booleans costs more than the sum, 525k times a run).
+        flips = {m: np.array([sum(s["pred"][m] != r["clean"]["pred"][m] for s in r["samples"])
+                              / len(r["samples"]) for r in records])
                  for m in models}
         positions = _positions([r["index"] for r in records], cell.summary.get("subsets"))
         budget = f"{kind}={_value(value)}"
@@ -363,12 +364,6 @@ def run_family(items: Sequence[Hypothesis], settings: AnalysisConfig) -> Family:
                   tuple(verdicts), settings)
 
 
-def budget_label(budget: str) -> str:
-    """``sigma=0.1`` → ``σ=0.1`` (`BUDGET_SYMBOLS`; ``m`` stays)."""
-    kind, _, value = budget.partition("=")
-    return f"{BUDGET_SYMBOLS.get(kind, kind)}={value}"
-
-
 def family_table(family: Family) -> Table:
     """``worlds_hypotheses``: one row per hypothesis with its pooled test, run-wide Holm and BH,
     TOST and verdict, and the method's subset test beside it (`COLUMNS`)."""
@@ -434,5 +429,5 @@ def summary_table(family: Family) -> Table:
 
 
 __all__ = ["COLUMNS", "MEASURES", "VERDICTS", "Family", "Hypothesis", "MethodColumn",
-           "budget_label", "family_table", "hypotheses", "run_family", "summary_table",
+           "family_table", "hypotheses", "run_family", "summary_table",
            "verdict", "verdict_counts"]

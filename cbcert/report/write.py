@@ -170,7 +170,7 @@ def write_report(run_dir: str | Path, log: Callable[[str], None] = print) -> lis
         entries = manifest.get("worlds") if manifest else None
         _check_writable(run_dir, entries)
         if entries:
-            return _write_worlds_report(run_dir, entries, log)
+            return _write_worlds_report(run_dir, manifest, log)
         cells = find_cells(run_dir, log)
         _check_content(run_dir, cells)
         all_tables = tables(cells)
@@ -234,10 +234,11 @@ def _write(run_dir: Path, all_tables, figures: list[Path], links: list[str]) -> 
     return [*written, *figures, path]
 
 
-def _write_worlds_report(run_dir: Path, entries: list[dict],
+def _write_worlds_report(run_dir: Path, manifest: dict[str, Any],
                          log: Callable[[str], None]) -> list[Path]:
-    """Per-world reports, then the cross-world tables and figures (`cbcert.report.worlds`)."""
-    worlds = world_cells(run_dir, entries, log)
+    """Per-world reports, then the cross-world tables and figures (`cbcert.report.worlds`) of
+    the sweep whose ``manifest`` lists its worlds."""
+    worlds = world_cells(run_dir, manifest["worlds"], log)
     written = []
     links = ["## Worlds", ""]
     for name, family, _ in worlds:
@@ -245,7 +246,7 @@ def _write_worlds_report(run_dir: Path, entries: list[dict],
         links.append(f"- [{name}](../{name}/{REPORT_DIR}/report.md)"
                      + (f" — {family}" if family else ""))
     links.append("")
-    analysis = run_analysis(worlds, _analysis(run_dir))
+    analysis = run_analysis(worlds, _analysis(run_dir, manifest))
     all_tables = cross_world_tables(worlds, analysis)
     figures = cross_world_figures(worlds, _out(run_dir), all_tables, log, analysis)
     method = write_method_outputs(worlds, all_tables, _out(run_dir), log)
@@ -256,10 +257,10 @@ def _write_worlds_report(run_dir: Path, entries: list[dict],
             + _write(run_dir, all_tables, figures, links))
 
 
-def _analysis(run_dir: Path) -> AnalysisConfig:
+def _analysis(run_dir: Path, manifest: dict[str, Any]) -> AnalysisConfig:
     """The run's ``analysis`` settings as its manifest pinned them before the run (the
     defaults where it names none)."""
-    config = (read_manifest(run_dir) or {}).get("config") or {}
+    config = manifest.get("config") or {}
     try:
         return AnalysisConfig.from_dict(config.get("analysis", {}), section="analysis")
     except ConfigError as err:
